@@ -1,0 +1,30 @@
+"""mnistflow: train MNIST-family image classifiers fast, and see why they are fast or slow.
+
+The public API mirrors the CLI verbs (each verb calls one of these)::
+
+    import mnistflow
+    rec = mnistflow.prepare("mnist", out="data/mnist")
+    result = mnistflow.train(recipe="seed-cnn", data=rec)
+
+Names are resolved lazily so that ``import mnistflow`` stays cheap.
+"""
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+_API = {
+    "prepare": ("mnistflow.prep", "prepare"),
+    "open_records": ("mnistflow.data.records", "open_records"),
+    "MnistflowError": ("mnistflow.errors", "MnistflowError"),
+}
+
+__all__ = sorted(_API) + ["__version__"]
+
+
+def __getattr__(name: str):
+    if name in _API:
+        import importlib
+
+        mod, attr = _API[name]
+        return getattr(importlib.import_module(mod), attr)
+    raise AttributeError(f"module 'mnistflow' has no attribute '{name}'")

@@ -1,0 +1,1 @@
+"""Data layer: source files -> prep -> records -> loader."""

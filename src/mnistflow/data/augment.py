@@ -1,0 +1,57 @@
+"""Augmentation on the device that trains (batched), and the once-only variants for prep.
+
+Digits get small shifts and rotations (flips would turn a 2 into something else);
+colour images (CIFAR) get padded random crops and horizontal flips.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+
+def shift_rotate(x: torch.Tensor, gen: torch.Generator | None = None, max_shift: float = 2.0,
+                 max_degrees: float = 10.0) -> torch.Tensor:
+    """Random translation (pixels) and rotation (degrees) of a float batch (N, C, H, W)."""
+    n, _, h, w = x.shape
+    dev = x.device
+    r = torch.rand(n, 3, generator=gen, device="cpu").to(dev) * 2 - 1
+    ang = r[:, 0] * math.radians(max_degrees)
+    cos, sin = torch.cos(ang), torch.sin(ang)
+    # affine_grid works in normalized [-1, 1] coordinates: a shift of s pixels is 2s/size.
+    tx = r[:, 1] * max_shift * 2 / w
+    ty = r[:, 2] * max_shift * 2 / h
+    theta = torch.stack([torch.stack([cos, -sin, tx], 1), torch.stack([sin, cos, ty], 1)], 1)
+    grid = F.affine_grid(theta.to(x.dtype), list(x.shape), align_corners=False)
+    return F.grid_sample(x, grid, mode="bilinear", padding_mode="zeros", align_corners=False)
+
+
+def crop_flip(x: torch.Tensor, gen: torch.Generator | None = None, pad: int = 4) -> torch.Tensor:
+    """Random crops of a reflect-padded batch plus horizontal flips, (N, C, H, W)."""
+    n, c, h, w = x.shape
+    padded = F.pad(x, (pad, pad, pad, pad), mode="reflect")
+    off = torch.randint(0, 2 * pad + 1, (n, 2), generator=gen).to(x.device)
+    rows = (off[:, 0:1] + torch.arange(h, device=x.device)).view(n, 1, h, 1).expand(n, c, h, w + 2 * pad)
+    out = padded.gather(2, rows)
+    cols = (off[:, 1:2] + torch.arange(w, device=x.device)).view(n, 1, 1, w).expand(n, c, h, w)
+    out = out.gather(3, cols)
+    flip = (torch.rand(n, generator=gen) < 0.5).to(x.device).view(n, 1, 1, 1)
+    return torch.where(flip, out.flip(3), out)
+
+
+def augment_batch(x: torch.Tensor, gen: torch.Generator | None = None) -> torch.Tensor:
+    """The default augmentation for a float batch: crop/flip for colour, shift/rotate for grey."""
+    return crop_flip(x, gen) if x.shape[1] == 3 else shift_rotate(x, gen)
+
+
+def make_variant(x: np.ndarray, seed: int, chunk: int = 8192) -> np.ndarray:
+    """One augmented copy of uint8 NHWC images (for ``prep --variants``), on the CPU."""
+    gen = torch.Generator().manual_seed(seed)
+    out = np.empty_like(x)
+    for i in range(0, len(x), chunk):
+        xb = torch.from_numpy(np.ascontiguousarray(x[i:i + chunk])).permute(0, 3, 1, 2).float()
+        yb = augment_batch(xb, gen)
+        out[i:i + chunk] = yb.round_().clamp_(0, 255).to(torch.uint8).permute(0, 2, 3, 1).numpy()
+    return out

@@ -1,0 +1,227 @@
+"""Readers for every input format -> ``RawDataset`` (uint8 NHWC arrays + labels + class names).
+
+Formats: IDX pairs (MNIST's own), known datasets by name, a folder of class folders,
+CSV (label,pixel0..), Keras-style .npz, TFRecord of tf.train.Example, CIFAR-10 python batches.
+Detection looks at what ``--data`` points to; every failure is a ``MnistflowError``.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import MnistflowError, fail
+from . import datasets
+from .idx import read_bytes, read_idx_pair
+
+
+@dataclass
+class RawSplit:
+    x: np.ndarray  # (N, H, W, C) uint8
+    y: np.ndarray  # (N,) int64 in [0, num_classes)
+
+
+@dataclass
+class RawDataset:
+    name: str
+    class_names: list[str]
+    train: RawSplit
+    test: RawSplit | None = None
+    source_files: list[Path] = field(default_factory=list)
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.class_names)
+
+
+def home() -> Path:
+    """mnistflow's cache root: ``$MNISTFLOW_HOME`` or ``~/.cache/mnistflow``."""
+    return Path(os.environ.get("MNISTFLOW_HOME") or Path.home() / ".cache" / "mnistflow")
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def check_labels(y: np.ndarray, num_classes: int, path: Path | str) -> None:
+    """A label outside [0, num_classes) is an error naming the file and the record index."""
+    bad = np.flatnonzero((y < 0) | (y >= num_classes))
+    if len(bad):
+        i = int(bad[0])
+        fail(path, f"record {i}: label {int(y[i])} is outside 0..{num_classes - 1}")
+
+
+# --- IDX -------------------------------------------------------------------------------
+
+_IDX_RE = re.compile(r"^(train|t10k|test)[-_.]?(images|labels)[-_.]idx[13]-ubyte(\.gz)?$")
+
+
+def find_idx_files(folder: Path) -> dict[tuple[str, str], Path]:
+    """{('train'|'test', 'images'|'labels'): path} for the IDX files in ``folder``."""
+    found: dict[tuple[str, str], Path] = {}
+    for p in sorted(folder.iterdir()):
+        m = _IDX_RE.match(p.name)
+        if not m:
+            continue
+        split = "train" if m.group(1) == "train" else "test"
+        key = (split, m.group(2))
+        # Prefer the uncompressed file when both are present (no decompression).
+        if key not in found or not p.name.endswith(".gz"):
+            found[key] = p
+    return found
+
+
+def read_idx_folder(folder: Path, name: str | None = None,
+                    class_names: list[str] | None = None) -> RawDataset:
+    files = find_idx_files(folder)
+    if ("train", "images") not in files or ("train", "labels") not in files:
+        fail(folder, "no train-images-idx3-ubyte[.gz] / train-labels-idx1-ubyte[.gz] pair here")
+    x, y = read_idx_pair(files["train", "images"], files["train", "labels"])
+    test = None
+    if ("test", "images") in files and ("test", "labels") in files:
+        tx, ty = read_idx_pair(files["test", "images"], files["test", "labels"])
+        if tx.shape[1:] != x.shape[1:]:
+            fail(files["test", "images"], f"test images are {tx.shape[1:]}, train images {x.shape[1:]}")
+        test = RawSplit(tx, ty)
+    if class_names is None:
+        top = int(max(y.max(initial=0), test.y.max(initial=0) if test else 0))
+        class_names = [str(i) for i in range(top + 1)]
+    check_labels(y, len(class_names), files["train", "labels"])
+    if test is not None:
+        check_labels(test.y, len(class_names), files["test", "labels"])
+    return RawDataset(name or folder.name, list(class_names), RawSplit(x, y), test,
+                      sorted(files.values()))
+
+
+# --- known datasets --------------------------------------------------------------------
+
+def _md5(data: bytes) -> str:
+    return hashlib.md5(data).hexdigest()
+
+
+def verify_known_files(ds: datasets.KnownDataset, folder: Path) -> None:
+    """Check local files against the published sums: the file's md5, or the md5 of its
+    uncompressed content when that is known (a recompressed .gz is still the real data)."""
+    for f in ds.files:
+        p = folder / f.name
+        data = p.read_bytes()
+        if _md5(data) == f.md5:
+            continue
+        if f.raw_md5 and p.name.endswith(".gz") and _md5(read_bytes(p)) == f.raw_md5:
+            continue
+        fail(p, f"checksum does not match the published {ds.name} file {f.name} "
+                f"(md5 {_md5(data)}, expected {f.md5}); is this really {ds.name}?")
+
+
+def _has_files(ds: datasets.KnownDataset, folder: Path) -> bool:
+    return folder.is_dir() and all((folder / f.name).is_file() for f in ds.files)
+
+
+def locate_known(ds: datasets.KnownDataset, data: Path | None = None,
+                 download: bool = True) -> Path:
+    """Where the raw files of a known dataset are: ``data``, else ``$MNISTFLOW_DATA``
+    (itself or its ``<name>/`` sub-folder), else the cache, else a verified download."""
+    if data is not None:
+        for cand in (data / ds.name, data):
+            if _has_files(ds, cand):
+                return cand
+        missing = [f.name for f in ds.files if not (data / f.name).is_file()]
+        fail(data, f"missing {ds.name} file(s): {', '.join(missing)}")
+    env = os.environ.get("MNISTFLOW_DATA")
+    if env:
+        for cand in (Path(env) / ds.name, Path(env)):
+            if _has_files(ds, cand):
+                return cand
+    cache = home() / "raw" / ds.name
+    if _has_files(ds, cache):
+        return cache
+    if not download:
+        fail(cache, f"{ds.name} is not downloaded")
+    from .download import fetch_known  # only when needed: it pulls in urllib
+
+    return fetch_known(ds, cache)
+
+
+def read_known(name: str, data: Path | None = None) -> RawDataset:
+    ds = datasets.lookup(name)
+    if ds is None:
+        known = ", ".join(sorted(datasets.KNOWN))
+        raise MnistflowError(f"unknown dataset '{name}' (known: {known}; or pass --data PATH)")
+    folder = locate_known(ds, data)
+    verify_known_files(ds, folder)
+    if ds.format == "cifar":
+        from .cifar import read_cifar10
+
+        return read_cifar10(folder / ds.files[0].name, list(ds.class_names), ds.name)
+    files = [folder / f.name for f in ds.files]
+    x, y = read_idx_pair(files[0], files[1])
+    tx, ty = read_idx_pair(files[2], files[3])
+    names = list(ds.class_names)
+    check_labels(y, len(names), files[1])
+    check_labels(ty, len(names), files[3])
+    return RawDataset(ds.name, names, RawSplit(x, y), RawSplit(tx, ty), files)
+
+
+# --- detection -------------------------------------------------------------------------
+
+def detect_format(path: Path) -> str:
+    """One of: idx, folder, csv, npz, tfrecord, cifar, records."""
+    if not path.exists():
+        fail(path, "no such file or directory")
+    if path.is_dir():
+        if (path / "meta.json").is_file():
+            return "records"
+        if find_idx_files(path):
+            return "idx"
+        if (path / "data_batch_1").is_file():
+            return "cifar"
+        return "folder"
+    name = path.name.lower()
+    for suffix, fmt in ((".csv", "csv"), (".csv.gz", "csv"), (".npz", "npz"),
+                        (".tfrecord", "tfrecord"), (".tfrecords", "tfrecord"),
+                        (".tfrecord.gz", "tfrecord"), (".tar.gz", "cifar")):
+        if name.endswith(suffix):
+            return fmt
+    if _IDX_RE.match(path.name):
+        return "idx"
+    fail(path, "cannot tell the format (expected an IDX folder, a folder of class folders, "
+               ".csv, .npz, .tfrecord, a CIFAR-10 archive or a records directory)")
+
+
+def read_source(path: Path, *, name: str | None = None, resize: tuple[int, int] | None = None,
+                tfrecord_keys: tuple[str, str] = ("image", "label")) -> RawDataset:
+    """Read any supported raw input at ``path`` into a ``RawDataset``."""
+    path = Path(path)
+    fmt = detect_format(path)
+    if fmt == "idx":
+        return read_idx_folder(path if path.is_dir() else path.parent, name)
+    if fmt == "folder":
+        from .folder import read_image_folder
+
+        return read_image_folder(path, resize=resize, name=name)
+    if fmt == "csv":
+        from .csvfile import read_csv
+
+        return read_csv(path, name=name)
+    if fmt == "npz":
+        from .npzfile import read_npz
+
+        return read_npz(path, name=name)
+    if fmt == "tfrecord":
+        from .tfrecord import read_tfrecord_dataset
+
+        return read_tfrecord_dataset(path, image_key=tfrecord_keys[0],
+                                     label_key=tfrecord_keys[1], resize=resize, name=name)
+    if fmt == "cifar":
+        from .cifar import read_cifar10
+
+        return read_cifar10(path, list(datasets.KNOWN["cifar10"].class_names), name or "cifar10")
+    fail(path, "is already a records directory; nothing to prepare")

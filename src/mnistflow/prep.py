@@ -1,0 +1,103 @@
+"""``mnistflow prep``: raw data -> a record set, once.
+
+    mnistflow prep mnist --out data/mnist            # known dataset (local files or download)
+    mnistflow prep --data ./my_digits --out data/mine # folder / IDX / CSV / npz / TFRecord
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+from .data import datasets
+from .data.records import read_meta, write_records
+from .data.sources import (RawDataset, detect_format, home, locate_known, read_known,
+                           read_source, sha256_file)
+from .errors import MnistflowError
+
+
+def _source_files(dataset: str | None, data: Path | None) -> tuple[str, list[Path]]:
+    """(name, the files whose content defines the dataset), without parsing them."""
+    if dataset is not None:
+        ds = datasets.lookup(dataset)
+        if ds is None:
+            known = ", ".join(sorted(datasets.KNOWN))
+            raise MnistflowError(f"unknown dataset '{dataset}' (known: {known}; or pass --data PATH)")
+        folder = locate_known(ds, data)
+        return ds.name, [folder / f.name for f in ds.files]
+    assert data is not None
+    if data.is_dir():
+        files = sorted(p for p in data.rglob("*") if p.is_file() and not p.name.startswith("."))
+        if detect_format(data) == "idx":
+            from .data.sources import find_idx_files
+
+            files = sorted(find_idx_files(data).values())
+        return data.resolve().name, files
+    return data.name.split(".")[0], [data]
+
+
+def _resolve_input(dataset: str | None, data: Path | None) -> tuple[str | None, Path | None]:
+    """A bare name given as --data, or no input at all, means a known dataset."""
+    if dataset is None and data is None:
+        env = os.environ.get("MNISTFLOW_DATA")
+        if env:
+            return None, Path(env)
+        return "mnist", None
+    return dataset, data
+
+
+def prepare(dataset: str | None = None, data: str | Path | None = None,
+            out: str | Path | None = None, *, val_size: int = 5000, seed: int = 0,
+            variants: int = 0, resize: tuple[int, int] | None = None, force: bool = False,
+            tfrecord_keys: tuple[str, str] = ("image", "label"), quiet: bool = False) -> Path:
+    """Prepare records from a known dataset name and/or a raw path; return the records dir.
+
+    Re-running with the same inputs and options is a no-op unless ``force``.
+    """
+    data = Path(data) if data is not None else None
+    dataset, data = _resolve_input(dataset, data)
+    if data is not None and dataset is None and detect_format(data) == "records":
+        return data
+    if variants < 0:
+        raise MnistflowError(f"--variants must be >= 0, got {variants}")
+    name, files = _source_files(dataset, data)
+    if not files:
+        raise MnistflowError("is empty: no files to read", data)
+    options = {"val_size": val_size, "seed": seed, "variants": variants,
+               "resize": list(resize) if resize else None, "tfrecord_keys": list(tfrecord_keys)}
+    base = data if data is not None and data.is_dir() else (files[0].parent)
+    sums = {}
+    for f in files:
+        try:
+            rel = str(f.relative_to(base))
+        except ValueError:
+            rel = f.name
+        sums[rel] = sha256_file(f)
+    key = hashlib.sha256(json.dumps([name, sums, options], sort_keys=True).encode()).hexdigest()
+    out = Path(out) if out is not None else home() / "records" / f"{name}-{key[:12]}"
+    if out.is_dir() and (out / "meta.json").is_file() and not force:
+        try:
+            if read_meta(out).get("key") == key:
+                if not quiet:
+                    print(f"{out}: up to date (same inputs and options; --force to rebuild)")
+                return out
+        except MnistflowError:
+            pass
+    raw: RawDataset = (read_known(dataset, data) if dataset is not None
+                       else read_source(data, resize=resize, tfrecord_keys=tfrecord_keys))
+    write_records(raw, out, key=key, options=options, source_checksums=sums, val_size=val_size,
+                  seed=seed, variants=variants, force=force or _is_our_cache(out))
+    if not quiet:
+        print(f"{out}: wrote {raw.name}: {len(raw.train.y) - val_size:,} train / {val_size:,} val"
+              f" / {len(raw.test.y) if raw.test is not None else 0:,} test"
+              + (f" + {variants} augmented copies" if variants else ""))
+    return out
+
+
+def _is_our_cache(out: Path) -> bool:
+    try:
+        out.resolve().relative_to((home() / "records").resolve())
+        return True
+    except ValueError:
+        return False

@@ -1,0 +1,55 @@
+"""Shared fixtures. Tests use the REAL MNIST from ``$MNISTFLOW_DATA`` (CI points it at
+``../shared/data/mnist``); tiny synthetic data is made per test where a format needs it."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+MNIST_DIR = Path(os.environ.get("MNISTFLOW_DATA") or REPO.parent / "shared" / "data" / "mnist")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _isolated_home(tmp_path_factory):
+    """Keep every test's cache out of the user's ~/.cache and single-threaded (2-core CI)."""
+    home = tmp_path_factory.mktemp("mnistflow_home")
+    os.environ["MNISTFLOW_HOME"] = str(home)
+    os.environ.setdefault("MNISTFLOW_THREADS", "1")
+    yield home
+
+
+@pytest.fixture(scope="session")
+def mnist_dir() -> Path:
+    if not (MNIST_DIR / "train-images-idx3-ubyte.gz").is_file():
+        pytest.fail(f"real MNIST not found at {MNIST_DIR}: set MNISTFLOW_DATA (see README)")
+    return MNIST_DIR
+
+
+@pytest.fixture(scope="session")
+def mnist_records(mnist_dir, tmp_path_factory) -> Path:
+    """Real MNIST prepared once for the whole session (55,000 / 5,000 / 10,000)."""
+    from mnistflow.prep import prepare
+
+    return prepare("mnist", mnist_dir, tmp_path_factory.mktemp("rec") / "mnist", quiet=True)
+
+
+def run_cli(*args: str, env: dict | None = None, cwd: Path | None = None, timeout: float = 600):
+    """Run ``python -m mnistflow`` in a subprocess, as a user would; returns CompletedProcess."""
+    e = dict(os.environ)
+    e.update(env or {})
+    return subprocess.run([sys.executable, "-m", "mnistflow", *args], capture_output=True,
+                          text=True, env=e, cwd=cwd, timeout=timeout)
+
+
+def assert_one_line_error(proc, *fragments: str) -> None:
+    """The contract for bad input: exit 2, ONE stderr line 'mnistflow: error: ...', no traceback."""
+    assert proc.returncode == 2, (proc.returncode, proc.stderr)
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("mnistflow: error: "), lines[0]
+    for f in fragments:
+        assert f in lines[0], (f, lines[0])
