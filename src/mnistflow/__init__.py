@@ -16,6 +16,15 @@ _API = {
     "prepare": ("mnistflow.prep", "prepare"),
     "open_records": ("mnistflow.data.records", "open_records"),
     "MnistflowError": ("mnistflow.errors", "MnistflowError"),
+    "train": ("mnistflow.train", "train"),
+    "fit": ("mnistflow.train", "fit"),
+    "TrainConfig": ("mnistflow.config", "TrainConfig"),
+    "evaluate": ("mnistflow.inference", "evaluate"),
+    "predict": ("mnistflow.inference", "predict"),
+    "load_model": ("mnistflow.artifacts", "load_model"),
+    "create_model": ("mnistflow.models", "create_model"),
+    "list_models": ("mnistflow.models", "list_models"),
+    "register_model": ("mnistflow.models", "register_model"),
 }
 
 __all__ = sorted(_API) + ["__version__"]

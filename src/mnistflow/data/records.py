@@ -166,8 +166,8 @@ def write_records(raw: RawDataset, out: Path, *, key: str, options: dict,
 def _replace_dir(tmp: Path, out: Path, force: bool) -> None:
     """Rename ``tmp`` to ``out``; an existing ``out`` is swapped away only after success."""
     if out.exists():
-        if not force and any(out.iterdir()):
-            fail(out, "exists and is not a record set of these inputs; use --force to replace it")
+        if not force and not (out / "meta.json").is_file() and any(out.iterdir()):
+            fail(out, "exists and is not a record set; use --force to replace it")
         old = out.with_name(f".{out.name}.old-{os.getpid()}")
         os.rename(out, old)
         os.rename(tmp, out)

@@ -181,15 +181,18 @@ def detect_format(path: Path) -> str:
             return "records"
         if find_idx_files(path):
             return "idx"
-        if (path / "data_batch_1").is_file():
+        if (path / "data_batch_1").is_file() or (path / "cifar-10-batches-py").is_dir():
             return "cifar"
+        if any(p.is_file() and ".tfrecord" in p.name.lower() for p in path.iterdir()):
+            return "tfrecord"
         return "folder"
     name = path.name.lower()
     for suffix, fmt in ((".csv", "csv"), (".csv.gz", "csv"), (".npz", "npz"),
-                        (".tfrecord", "tfrecord"), (".tfrecords", "tfrecord"),
-                        (".tfrecord.gz", "tfrecord"), (".tar.gz", "cifar")):
+                        (".tar.gz", "cifar"), (".tgz", "cifar")):
         if name.endswith(suffix):
             return fmt
+    if ".tfrecord" in name:  # x.tfrecord, x.tfrecords(.gz), x.tfrecord-00000-of-00004
+        return "tfrecord"
     if _IDX_RE.match(path.name):
         return "idx"
     fail(path, "cannot tell the format (expected an IDX folder, a folder of class folders, "

@@ -1,0 +1,122 @@
+"""Keras-style ``.npz`` (like ``mnist.npz``): ``x_train, y_train[, x_test, y_test]``.
+
+Opened with ``allow_pickle=False``: an object (pickled) array is refused. Images are
+(N, H, W) or (N, H, W, C) with C in {1, 3}; uint8, or any integer/float dtype whose values
+are all integers in 0..255. Labels are (N,) or (N, 1) integers >= 0; classes "0".."K-1".
+"""
+from __future__ import annotations
+
+import os
+import zipfile
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import fail
+from .sources import RawDataset, RawSplit, check_labels
+
+
+def _peek_header(npz, key: str, path: Path) -> None:
+    """Check a member's .npy header before numpy allocates what it declares."""
+    fmt = np.lib.format
+    member = key + ".npy"
+    try:
+        info = npz.zip.getinfo(member)
+        with npz.zip.open(member) as f:
+            major, _ = fmt.read_magic(f)
+            if major not in (1, 2, 3):
+                raise ValueError(f"unknown .npy format version {major}")
+            reader = fmt.read_array_header_1_0 if major == 1 else fmt.read_array_header_2_0
+            shape, _, dtype = reader(f, max_header_size=1 << 16)
+            header_len = f.tell()
+    except Exception as e:  # zipfile / header errors come in many kinds
+        fail(path, f"{key}: unreadable array header ({type(e).__name__}: {e})")
+    if dtype.hasobject:
+        fail(path, f"{key} is a pickled object array; refusing to load it (allow_pickle=False)")
+    need = int(np.prod(shape, dtype=object)) * dtype.itemsize
+    if need > info.file_size - header_len:
+        fail(path, f"{key}: truncated: header says {dtype} {shape} ({need} bytes), "
+                   f"member holds {max(info.file_size - header_len, 0)}")
+
+
+def _load(npz, key: str, path: Path) -> np.ndarray:
+    _peek_header(npz, key, path)
+    try:
+        return npz[key]
+    except Exception as e:  # BadZipFile (CRC), ValueError, EOFError, zlib.error, ...
+        fail(path, f"{key}: unreadable array ({type(e).__name__}: {e})")
+
+
+def _as_pixels(x: np.ndarray, key: str, path: Path) -> np.ndarray:
+    if x.ndim == 3:
+        x = x[..., None]
+    if x.ndim != 4 or x.shape[-1] not in (1, 3) or 0 in x.shape[1:]:
+        fail(path, f"{key} has shape {x.shape}; expected (N, H, W) or (N, H, W, C) with C 1 or 3")
+    if x.dtype == np.uint8:
+        return x
+    if not (np.issubdtype(x.dtype, np.integer) or np.issubdtype(x.dtype, np.floating)
+            or x.dtype == np.bool_):
+        fail(path, f"{key} has dtype {x.dtype}; expected uint8 pixels")
+    if x.size:
+        if np.issubdtype(x.dtype, np.floating):
+            if not np.isfinite(x).all() or (x != np.round(x)).any():
+                hint = " (0..1 floats? multiply by 255)" if np.nanmax(x) <= 1 else ""
+                fail(path, f"{key} ({x.dtype}) holds non-integer pixel values{hint}")
+        lo, hi = x.min(), x.max()
+        if lo < 0 or hi > 255:
+            fail(path, f"{key} ({x.dtype}) holds values {lo}..{hi}, outside 0..255")
+    return x.astype(np.uint8)
+
+
+def _as_labels(y: np.ndarray, key: str, path: Path) -> np.ndarray:
+    if y.ndim == 2 and y.shape[1] == 1:
+        y = y[:, 0]
+    if y.ndim != 1:
+        fail(path, f"{key} has shape {y.shape}; expected (N,) labels")
+    if np.issubdtype(y.dtype, np.floating):
+        if not np.isfinite(y).all() or (y != np.round(y)).any():
+            fail(path, f"{key} ({y.dtype}) holds non-integer labels")
+    elif not np.issubdtype(y.dtype, np.integer):
+        fail(path, f"{key} has dtype {y.dtype}; expected integer labels")
+    if y.size and (y.min() < 0 or y.max() > 100_000):
+        i = int(np.flatnonzero((y < 0) | (y > 100_000))[0])
+        fail(path, f"{key}: record {i}: label {y[i]} is not a class index")
+    return y.astype(np.int64)
+
+
+def _split(npz, path: Path, which: str) -> RawSplit:
+    x = _as_pixels(_load(npz, f"x_{which}", path), f"x_{which}", path)
+    y = _as_labels(_load(npz, f"y_{which}", path), f"y_{which}", path)
+    if len(x) != len(y):
+        fail(path, f"x_{which} has {len(x)} images but y_{which} has {len(y)} labels")
+    if len(x) == 0:
+        fail(path, f"x_{which} has no images")
+    return RawSplit(x, y)
+
+
+def read_npz(path: str | os.PathLike, name: str | None = None) -> RawDataset:
+    """Read a Keras-layout ``.npz`` into a ``RawDataset``."""
+    path = Path(path)
+    try:
+        npz = np.load(path, allow_pickle=False)
+    except OSError as e:
+        fail(path, f"cannot read: {e.strerror or e}")
+    except Exception as e:  # ValueError (pickled / not npz), BadZipFile, EOFError, ...
+        fail(path, f"not a readable .npz archive ({type(e).__name__}: {e})")
+    if not isinstance(npz, np.lib.npyio.NpzFile):
+        fail(path, "is a single .npy array, not an .npz archive with x_train/y_train")
+    with npz:
+        keys = set(npz.files)
+        if not {"x_train", "y_train"} <= keys:
+            fail(path, f"expected arrays x_train and y_train (Keras mnist.npz layout), "
+                       f"found: {', '.join(sorted(keys)) or 'none'}")
+        if ("x_test" in keys) != ("y_test" in keys):
+            fail(path, "has only one of x_test / y_test")
+        train = _split(npz, path, "train")
+        test = _split(npz, path, "test") if "x_test" in keys else None
+    if test is not None and test.x.shape[1:] != train.x.shape[1:]:
+        fail(path, f"x_test images are {test.x.shape[1:]} but x_train are {train.x.shape[1:]}")
+    k = int(max(train.y.max(), test.y.max() if test is not None else 0)) + 1
+    check_labels(train.y, k, path)
+    stem = path.name.split(".")[0]
+    return RawDataset(name or stem, [str(i) for i in range(k)], train, test, [path])

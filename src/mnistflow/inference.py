@@ -1,0 +1,119 @@
+"""Using a trained model: ``evaluate`` (eval verb) and ``predict`` (predict verb)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .artifacts import ModelInfo, load_model
+from .data.loader import make_loader
+from .data.records import open_records
+from .errors import MnistflowError
+from .runtime import Amp, pick_device, set_threads
+
+
+def _records_for(info: ModelInfo, data: str | Path | None):
+    if data is not None:
+        from .prep import prepare
+
+        return open_records(prepare(None, Path(data), quiet=True))
+    if info.records and Path(info.records).is_dir():
+        return open_records(info.records)
+    raise MnistflowError("the model's training records are gone; pass --data RECORDS_OR_RAW")
+
+
+def evaluate(model_path: str | Path, split: str = "test", *, data: str | Path | None = None,
+             device: str = "auto", batch_size: int = 2000, threads: int | None = None) -> dict:
+    """Accuracy, loss, per-class accuracy and confusion matrix of a trained model on ``split``."""
+    from .engine import evaluate as run_eval
+
+    dev = pick_device(device)
+    set_threads(threads)
+    model, info = load_model(model_path, dev)
+    rec = _records_for(info, data)
+    if rec.shape != (info.in_shape[1], info.in_shape[2], info.in_shape[0]):
+        raise MnistflowError(f"records hold {rec.shape} images but the model takes "
+                             f"{tuple(info.in_shape)} (C, H, W)", rec.path)
+    loader = make_loader(rec, split, batch_size=batch_size, device=dev, train=False)
+    res = run_eval(model, loader, Amp.create("fp32", dev), info.num_classes, confusion=True)
+    res.update(split=split, model=info.model, class_names=info.class_names, records=str(rec.path))
+    return res
+
+
+def format_eval(res: dict) -> str:
+    """The eval result as text: headline, per-class accuracy, confusion matrix."""
+    names = res["class_names"]
+    w = max(5, max(len(n) for n in names))
+    lines = [f"{res['model']} on {res['split']} ({res['n']:,} images): accuracy "
+             f"{100 * res['acc']:.2f}%  loss {res['loss']:.4f}", "",
+             f"{'class':<{w}}  accuracy"]
+    lines += [f"{n:<{w}}  {100 * a:7.2f}%" for n, a in zip(names, res["per_class_acc"])]
+    cw = max(5, max(len(str(v)) for row in res["confusion"] for v in row) + 1)
+    lines += ["", "confusion matrix (rows: true, columns: predicted)",
+              " " * w + "".join(f"{n[:cw - 1]:>{cw}}" for n in names)]
+    lines += [f"{n:<{w}}" + "".join(f"{v:>{cw}}" for v in row) for n, row in zip(names, res["confusion"])]
+    return "\n".join(lines)
+
+
+def _read_images(paths: list[Path]) -> list[tuple[str, np.ndarray]]:
+    """Decode PNG/JPEG files, or every image of an IDX file, as uint8 arrays."""
+    from PIL import Image, UnidentifiedImageError
+
+    from .data.idx import read_idx
+
+    out = []
+    for p in paths:
+        p = Path(p)
+        if "idx3-ubyte" in p.name or p.suffix in (".idx", ".idx3"):
+            arr = read_idx(p)
+            if arr.ndim != 3:
+                raise MnistflowError(f"expected an IDX image file (N, H, W), got shape {arr.shape}", p)
+            out += [(f"{p.name}[{i}]", a) for i, a in enumerate(arr)]
+            continue
+        try:
+            with Image.open(p) as im:
+                im.load()
+                out.append((str(p), np.asarray(im.convert("L") if im.mode in ("L", "1", "P", "I;16", "LA") else im.convert("RGB"))))
+        except FileNotFoundError:
+            raise MnistflowError("no such file", p) from None
+        except (UnidentifiedImageError, OSError) as e:
+            raise MnistflowError(f"not a readable image ({e.__class__.__name__})", p) from None
+    return out
+
+
+@torch.inference_mode()
+def predict_arrays(model: torch.nn.Module, info: ModelInfo, images: np.ndarray) -> np.ndarray:
+    """Class probabilities (N, K) for uint8 images (N, H, W, C) already at the model's size."""
+    dev = next(model.parameters()).device
+    x = torch.from_numpy(np.ascontiguousarray(images)).to(dev).permute(0, 3, 1, 2).float()
+    c = x.shape[1]
+    mean = torch.tensor(info.mean, device=dev).view(1, c, 1, 1)
+    std = torch.tensor(info.std, device=dev).view(1, c, 1, 1)
+    return torch.softmax(model((x - mean) / std).float(), 1).cpu().numpy()
+
+
+def predict(model_path: str | Path, images: list[str | Path], *, invert: bool | None = False,
+            mnist_style: bool = False, device: str = "cpu") -> list[dict]:
+    """Label and class probabilities for each image (PNG/JPEG files, or IDX files)."""
+    from .preprocess import to_model_input
+
+    model, info = load_model(model_path, pick_device(device))
+    items = _read_images([Path(p) for p in images])
+    if not items:
+        raise MnistflowError("no images given")
+    shape = tuple(info.in_shape)
+    batch = np.stack([to_model_input(a, shape, invert=invert, mnist=mnist_style) for _, a in items])
+    probs = predict_arrays(model, info, batch)
+    return [{"image": name, "label": int(p.argmax()), "class_name": info.class_names[int(p.argmax())],
+             "probabilities": [round(float(v), 6) for v in p]} for (name, _), p in zip(items, probs)]
+
+
+def format_predictions(preds: list[dict], top: int = 3) -> str:
+    w = max(5, max(len(p["image"]) for p in preds))
+    lines = [f"{'image':<{w}}  label  prob     next best"]
+    for p in preds:
+        order = np.argsort(p["probabilities"])[::-1]
+        nxt = ", ".join(f"{i}:{p['probabilities'][i]:.3f}" for i in order[1:top])
+        lines.append(f"{p['image']:<{w}}  {p['class_name']:<5}  {p['probabilities'][order[0]]:.4f}   {nxt}")
+    return "\n".join(lines)

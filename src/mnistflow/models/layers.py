@@ -1,0 +1,90 @@
+"""The layer toolbox of the classic tutorial, in PyTorch terms.
+
+conv with SAME/VALID padding and strides (TensorFlow's SAME semantics, also for strides > 1),
+max/avg pooling, dropout, batch norm, relu/sigmoid/tanh, fully connected.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from ..errors import MnistflowError
+
+ACTIVATIONS = {"relu": nn.ReLU, "sigmoid": nn.Sigmoid, "tanh": nn.Tanh, "gelu": nn.GELU,
+               "identity": nn.Identity}
+
+
+def _same_pad(size: int, k: int, s: int) -> tuple[int, int]:
+    """TensorFlow SAME: output = ceil(size / s); extra padding goes to the end."""
+    total = max((math.ceil(size / s) - 1) * s + k - size, 0)
+    return total // 2, total - total // 2
+
+
+class Conv2d(nn.Conv2d):
+    """``nn.Conv2d`` with ``padding='same'|'valid'`` for any stride (TF semantics)."""
+
+    def __init__(self, in_ch: int, out_ch: int, kernel: int, stride: int = 1,
+                 padding: str = "same", bias: bool = True):
+        if padding not in ("same", "valid"):
+            raise MnistflowError(f"conv padding must be 'same' or 'valid', got '{padding}'")
+        # Stride 1 SAME is symmetric for odd kernels: let the kernel pad (faster).
+        native = padding == "valid" or (stride == 1 and kernel % 2 == 1)
+        super().__init__(in_ch, out_ch, kernel, stride,
+                         padding=(0 if padding == "valid" else kernel // 2) if native else 0,
+                         bias=bias)
+        self.tf_same = padding == "same" and not native
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.tf_same:
+            k, s = self.kernel_size[0], self.stride[0]
+            ph, pw = _same_pad(x.shape[-2], k, s), _same_pad(x.shape[-1], k, s)
+            x = F.pad(x, (pw[0], pw[1], ph[0], ph[1]))
+        return super().forward(x)
+
+
+def pool(kind: str, kernel: int = 2, stride: int | None = None, padding: str = "same") -> nn.Module:
+    """Max or average pooling; SAME rounds the output size up (TF semantics when k == s)."""
+    stride = stride or kernel
+    cls = {"max": nn.MaxPool2d, "avg": nn.AvgPool2d}.get(kind)
+    if cls is None:
+        raise MnistflowError(f"pool kind must be 'max' or 'avg', got '{kind}'")
+    return cls(kernel, stride, ceil_mode=(padding == "same"))
+
+
+def activation(name: str) -> nn.Module:
+    if name not in ACTIVATIONS:
+        raise MnistflowError(f"unknown activation '{name}' (known: {', '.join(ACTIVATIONS)})")
+    return ACTIVATIONS[name]()
+
+
+def conv_block(in_ch: int, out_ch: int, kernel: int = 3, stride: int = 1, padding: str = "same",
+               act: str = "relu", bn: bool = False) -> nn.Sequential:
+    """conv -> [batch norm] -> activation."""
+    layers = [Conv2d(in_ch, out_ch, kernel, stride, padding, bias=not bn)]
+    if bn:
+        layers.append(nn.BatchNorm2d(out_ch))
+    layers.append(activation(act))
+    return nn.Sequential(*layers)
+
+
+def fc(in_features: int, out_features: int, act: str | None = None, dropout: float = 0.0) -> nn.Sequential:
+    """fully connected -> [activation] -> [dropout]."""
+    layers: list[nn.Module] = [nn.Linear(in_features, out_features)]
+    if act:
+        layers.append(activation(act))
+    if dropout:
+        layers.append(nn.Dropout(dropout))
+    return nn.Sequential(*layers)
+
+
+@torch.no_grad()
+def out_shape(module: nn.Module, in_shape: tuple[int, ...]) -> tuple[int, ...]:
+    """Output shape (without batch) of ``module`` for one input of ``in_shape``."""
+    was = module.training
+    module.eval()
+    y = module(torch.zeros(1, *in_shape))
+    module.train(was)
+    return tuple(y.shape[1:])

@@ -1,0 +1,54 @@
+"""Register models by name with a decorator; create them by name or from a spec string."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch.nn as nn
+
+from ..errors import MnistflowError
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    name: str
+    factory: Callable[..., nn.Module]  # factory(in_shape=(C, H, W), num_classes=K) -> module
+    description: str
+
+
+_REGISTRY: dict[str, ModelEntry] = {}
+
+
+def register_model(fn: Callable[..., nn.Module] | None = None, *, name: str | None = None):
+    """Decorator: register ``fn`` under ``name`` (default: the function name, '_' -> '-')."""
+
+    def wrap(f):
+        key = name or f.__name__.replace("_", "-")
+        if key in _REGISTRY:
+            raise ValueError(f"model '{key}' registered twice")
+        doc = (f.__doc__ or "").strip().splitlines()
+        _REGISTRY[key] = ModelEntry(key, f, doc[0] if doc else "")
+        return f
+
+    return wrap(fn) if fn is not None else wrap
+
+
+def list_models() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def get_entry(name: str) -> ModelEntry:
+    if name not in _REGISTRY:
+        raise MnistflowError(f"unknown model '{name}' (known: {', '.join(list_models())}; "
+                             "or a spec like 'conv5x5x32-relu,maxpool2,fc10')")
+    return _REGISTRY[name]
+
+
+def create_model(name: str, in_shape: tuple[int, int, int] = (1, 28, 28),
+                 num_classes: int = 10, **kwargs) -> nn.Module:
+    """A new model: a registered name, or a layer spec string (see ``models.spec``)."""
+    from .spec import build_from_spec, looks_like_spec
+
+    if name not in _REGISTRY and looks_like_spec(name):
+        return build_from_spec(name, in_shape, num_classes)
+    return get_entry(name).factory(in_shape=tuple(in_shape), num_classes=num_classes, **kwargs)

@@ -1,0 +1,101 @@
+"""Models described by a short spec, so users can try an architecture without code.
+
+    conv5x5x32-relu,maxpool2,conv5x5x64-relu,maxpool2,fc1024-relu,dropout0.5,fc10
+
+Tokens (comma separated; options after '-'):
+  conv<K>x<K>x<C>[-s<S>][-same|-valid][-bn][-relu|-sigmoid|-tanh]
+  maxpool<K>[s<S>] / avgpool<K>[s<S>] [-same|-valid]
+  fc<N>[-relu|-sigmoid|-tanh]   (flattens first when needed)
+  dropout<P>, bn, relu, sigmoid, tanh, flatten, gap (global average pool)
+A classifier ``fc<num_classes>`` is appended when the spec does not end in an fc layer.
+"""
+from __future__ import annotations
+
+import re
+
+import torch.nn as nn
+
+from ..errors import MnistflowError
+from .layers import ACTIVATIONS, Conv2d, activation, out_shape, pool
+
+_CONV = re.compile(r"^conv(\d+)x(\d+)x(\d+)$")
+_POOL = re.compile(r"^(max|avg)pool(\d+)(?:s(\d+))?$")
+_FC = re.compile(r"^fc(\d+)$")
+_DROP = re.compile(r"^dropout(0?\.\d+|0|1)$")
+
+
+def looks_like_spec(text: str) -> bool:
+    head = text.split(",")[0].split("-")[0]
+    return "," in text or bool(_CONV.match(head) or _POOL.match(head) or _FC.match(head))
+
+
+def _layer(token: str, shape: tuple[int, ...], spec: str) -> list[tuple[str, nn.Module]]:
+    head, *opts = token.split("-")
+    acts = [o for o in opts if o in ACTIVATIONS]
+    bad = [o for o in opts if o not in ACTIVATIONS and o not in ("same", "valid", "bn")
+           and not re.fullmatch(r"s\d+", o)]
+    if bad:
+        raise MnistflowError(f"model spec '{spec}': unknown option '{bad[0]}' in '{token}'")
+    padding = "valid" if "valid" in opts else "same"
+    out: list[tuple[str, nn.Module]] = []
+    if m := _CONV.match(head):
+        kh, kw, c = map(int, m.groups())
+        if kh != kw:
+            raise MnistflowError(f"model spec '{spec}': only square kernels ('{token}')")
+        if len(shape) != 3:
+            raise MnistflowError(f"model spec '{spec}': '{token}' after a flatten")
+        stride = next((int(o[1:]) for o in opts if re.fullmatch(r"s\d+", o)), 1)
+        out.append(("conv", Conv2d(shape[0], c, kh, stride, padding, bias="bn" not in opts)))
+        if "bn" in opts:
+            out.append(("bn", nn.BatchNorm2d(c)))
+    elif m := _POOL.match(head):
+        k = int(m.group(2))
+        out.append((f"{m.group(1)}pool", pool(m.group(1), k, int(m.group(3) or k), padding)))
+    elif m := _FC.match(head):
+        if len(shape) != 1:
+            out.append(("flatten", nn.Flatten()))
+            shape = (int(__import__("math").prod(shape)),)
+        out.append(("fc", nn.Linear(shape[0], int(m.group(1)))))
+    elif m := _DROP.match(head):
+        out.append(("dropout", nn.Dropout(float(m.group(1)))))
+    elif head == "bn":
+        out.append(("bn", nn.BatchNorm2d(shape[0]) if len(shape) == 3 else nn.BatchNorm1d(shape[0])))
+    elif head in ACTIVATIONS:
+        out.append((head, activation(head)))
+    elif head == "flatten":
+        out.append(("flatten", nn.Flatten()))
+    elif head == "gap":
+        out += [("gap", nn.AdaptiveAvgPool2d(1)), ("flatten", nn.Flatten())]
+    else:
+        raise MnistflowError(f"model spec '{spec}': cannot read '{token}'")
+    out += [(a, activation(a)) for a in acts]
+    return out
+
+
+def build_from_spec(spec: str, in_shape: tuple[int, int, int], num_classes: int) -> nn.Sequential:
+    """An ``nn.Sequential`` with layers named like ``conv1``, ``maxpool1``, ``fc2``."""
+    shape: tuple[int, ...] = tuple(in_shape)
+    model = nn.Sequential()
+    counts: dict[str, int] = {}
+    tokens = [t.strip() for t in spec.split(",") if t.strip()]
+    if not tokens:
+        raise MnistflowError("empty model spec")
+    for token in tokens:
+        for kind, layer in _layer(token, shape, spec):
+            counts[kind] = counts.get(kind, 0) + 1
+            model.add_module(f"{kind}{counts[kind]}", layer)
+            try:
+                shape = out_shape(layer, shape)
+            except RuntimeError as e:
+                raise MnistflowError(f"model spec '{spec}': '{token}' does not fit input "
+                                     f"{shape} ({str(e).splitlines()[0]})") from None
+    if not isinstance(model[-1], nn.Linear):
+        if len(shape) != 1:
+            model.add_module("flatten_out", nn.Flatten())
+            shape = (int(__import__("math").prod(shape)),)
+        model.add_module("classifier", nn.Linear(shape[0], num_classes))
+        shape = (num_classes,)
+    if shape != (num_classes,):
+        raise MnistflowError(f"model spec '{spec}' ends with {shape[0]} outputs but the data has "
+                             f"{num_classes} classes")
+    return model

@@ -1,0 +1,74 @@
+"""Turn a user's picture into what the model saw in training.
+
+``mnist_style`` follows how the MNIST digits were made: the digit's bounding box is scaled
+to fit 20x20 (aspect kept, anti-aliased), then placed in 28x28 so that its centre of mass
+is at the centre. Polarity: MNIST digits are white on black.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+
+def needs_invert(img: np.ndarray) -> bool:
+    """True for dark-on-light pictures (the border is bright), e.g. a photo of ink on paper."""
+    g = img if img.ndim == 2 else img.mean(-1)
+    border = np.concatenate([g[0], g[-1], g[:, 0], g[:, -1]])
+    return float(border.mean()) > 127
+
+
+def mnist_style(gray: np.ndarray, size: int = 28, box: int = 20) -> np.ndarray:
+    """(H, W) grey image, white digit on black, any size -> (size, size) uint8, MNIST-like."""
+    from PIL import Image
+
+    g = np.asarray(gray, dtype=np.float32)
+    ys, xs = np.nonzero(g > 0.1 * max(float(g.max()), 1.0))
+    if len(ys) == 0:
+        return np.zeros((size, size), np.uint8)
+    crop = g[ys.min():ys.max() + 1, xs.min():xs.max() + 1]
+    h, w = crop.shape
+    scale = box / max(h, w)
+    nh, nw = max(1, round(h * scale)), max(1, round(w * scale))
+    img = Image.fromarray(np.clip(crop, 0, 255).astype(np.uint8)).resize((nw, nh), Image.LANCZOS)
+    small = np.asarray(img, dtype=np.float32)
+    out = np.zeros((size, size), np.float32)
+    total = small.sum()
+    cy, cx = ((np.indices(small.shape) * small).reshape(2, -1).sum(1) / total) if total else (nh / 2, nw / 2)
+    top = int(round(size / 2 - cy))
+    left = int(round(size / 2 - cx))
+    top = min(max(top, 0), size - nh)
+    left = min(max(left, 0), size - nw)
+    out[top:top + nh, left:left + nw] = small
+    return np.clip(out, 0, 255).astype(np.uint8)
+
+
+def to_model_input(img: np.ndarray, in_shape: tuple[int, int, int], *, invert: bool | None = None,
+                   mnist: bool = False) -> np.ndarray:
+    """Any (H, W) or (H, W, C) uint8 image -> (H', W', C') uint8 for a model of ``in_shape``.
+
+    ``invert``: True/False, or None to decide from the picture (only for grey models).
+    ``mnist``: bounding-box + centre-of-mass placement (grey 28x28 models).
+    """
+    from PIL import Image
+
+    c, h, w = in_shape
+    a = np.asarray(img)
+    if a.ndim == 3 and a.shape[2] == 4:
+        a = a[..., :3]
+    if c == 1:
+        g = a if a.ndim == 2 else a.mean(-1)
+        g = np.asarray(g, dtype=np.float32)
+        if invert is None:
+            invert = needs_invert(g)
+        if invert:
+            g = 255 - g
+        if mnist:
+            out = mnist_style(g, size=h)
+            if (h, w) != out.shape:
+                out = np.asarray(Image.fromarray(out).resize((w, h), Image.LANCZOS))
+        else:
+            out = np.asarray(Image.fromarray(np.clip(g, 0, 255).astype(np.uint8)).resize((w, h), Image.LANCZOS))
+        return out[..., None]
+    rgb = np.stack([a] * 3, -1) if a.ndim == 2 else a
+    if invert:
+        rgb = 255 - rgb
+    return np.asarray(Image.fromarray(rgb.astype(np.uint8)).resize((w, h), Image.LANCZOS))
