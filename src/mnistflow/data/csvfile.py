@@ -57,7 +57,8 @@ def _diagnose(path: Path, lines: list[str], linenos: list[int], ncols: int) -> N
             try:
                 v = float(c)
             except ValueError:
-                fail(path, f"line {lineno}, column {col}: '{c[:20]}' is not a number")
+                what = f"'{c[:20]}' is not a number" if c else "empty value"
+                fail(path, f"line {lineno}, column {col}: {what}")
             if not math.isfinite(v) or v != int(v):
                 fail(path, f"line {lineno}, column {col}: {c[:20]} is not an integer")
     fail(path, f"line {linenos[0]}..{linenos[-1]}: unparseable values")

@@ -30,7 +30,7 @@ def _peek_header(npz, key: str, path: Path) -> None:
             shape, _, dtype = reader(f, max_header_size=1 << 16)
             header_len = f.tell()
     except Exception as e:  # zipfile / header errors come in many kinds
-        fail(path, f"{key}: unreadable array header ({type(e).__name__}: {e})")
+        fail(path, f"{key}: unreadable array ({type(e).__name__}: {e})")
     if dtype.hasobject:
         fail(path, f"{key} is a pickled object array; refusing to load it (allow_pickle=False)")
     need = int(np.prod(shape, dtype=object)) * dtype.itemsize

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Install everything the test suite needs (Python packages, Debian's chromium for the
+# browser test) and run the whole suite on the real MNIST in $MNISTFLOW_DATA
+# (default ../shared/data/mnist). Extra arguments go to pytest, e.g. -m "not slow".
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver) >/dev/null 2>&1 \
+    || echo "scripts/test.sh: could not install chromium; the browser test will fail" >&2
+fi
+MNISTFLOW_EXTRAS="${MNISTFLOW_EXTRAS:-dev,onnx,serve,report}" bash scripts/setup.sh
+. .venv/bin/activate
+export MNISTFLOW_DATA="${MNISTFLOW_DATA:-$PWD/../shared/data/mnist}"
+export MNISTFLOW_THREADS="${MNISTFLOW_THREADS:-1}"
+exec python -m pytest -q "$@"

@@ -1,0 +1,137 @@
+"""Keras-style .npz: round trips, dtypes and shapes, refusing pickles, errors, the CLI."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from conftest import assert_one_line_error, run_cli
+from mnistflow.data.idx import read_idx_pair
+from mnistflow.data.npzfile import read_npz
+from mnistflow.data.sources import detect_format
+from mnistflow.errors import MnistflowError
+
+
+def digits(mnist_dir, n=50):
+    x, y = read_idx_pair(mnist_dir / "t10k-images-idx3-ubyte.gz", mnist_dir / "t10k-labels-idx1-ubyte.gz")
+    return np.array(x[:n, ..., 0]), np.array(y[:n])
+
+
+def _err(path, *fragments) -> str:
+    with pytest.raises(MnistflowError) as e:
+        read_npz(path)
+    msg = str(e.value)
+    assert msg.startswith(str(path) + ":"), msg
+    for f in fragments:
+        assert f in msg, (f, msg)
+    return msg
+
+
+@pytest.mark.parametrize("save", [np.savez, np.savez_compressed])
+def test_round_trip_keras_layout(tmp_path, mnist_dir, save):
+    x, y = digits(mnist_dir)
+    p = tmp_path / "mnist.npz"
+    save(p, x_train=x[:40], y_train=y[:40].astype(np.uint8), x_test=x[40:], y_test=y[40:])
+    raw = read_npz(p)
+    np.testing.assert_array_equal(raw.train.x[..., 0], x[:40])
+    np.testing.assert_array_equal(raw.train.y, y[:40])
+    np.testing.assert_array_equal(raw.test.x[..., 0], x[40:])
+    np.testing.assert_array_equal(raw.test.y, y[40:])
+    assert raw.train.x.shape == (40, 28, 28, 1) and raw.train.x.dtype == np.uint8
+    assert raw.train.y.dtype == np.int64
+    assert raw.class_names == [str(i) for i in range(int(y.max()) + 1)]
+    assert detect_format(p) == "npz" and raw.name == "mnist"
+
+
+def test_train_only_rgb_float_and_column_labels(tmp_path):
+    rng = np.random.default_rng(1)
+    x = rng.integers(0, 256, (6, 5, 5, 3)).astype(np.float32)  # integral floats are fine
+    y = rng.integers(0, 4, (6, 1))  # Keras CIFAR labels are (N, 1)
+    p = tmp_path / "c.npz"
+    np.savez(p, x_train=x, y_train=y)
+    raw = read_npz(p)
+    assert raw.test is None
+    np.testing.assert_array_equal(raw.train.x, x.astype(np.uint8))
+    np.testing.assert_array_equal(raw.train.y, y[:, 0])
+
+
+def test_errors(tmp_path, mnist_dir):
+    x, y = digits(mnist_dir, 10)
+
+    p = tmp_path / "pickled.npz"
+    np.savez(p, x_train=np.array([object(), 1], dtype=object)[:1].repeat(10), y_train=y)
+    _err(p, "x_train", "pickle")
+
+    p = tmp_path / "count.npz"
+    np.savez(p, x_train=x, y_train=y[:9])
+    _err(p, "10", "9")
+
+    p = tmp_path / "testcount.npz"
+    np.savez(p, x_train=x, y_train=y, x_test=x[:3], y_test=y[:4])
+    _err(p, "x_test", "y_test")
+
+    p = tmp_path / "normalised.npz"
+    np.savez(p, x_train=x / 255.0, y_train=y)
+    _err(p, "x_train", "integer")
+
+    p = tmp_path / "range.npz"
+    np.savez(p, x_train=x.astype(np.int16) * 2, y_train=y)
+    _err(p, "0..255")
+
+    p = tmp_path / "keys.npz"
+    np.savez(p, images=x, labels=y)
+    _err(p, "x_train", "images")
+
+    p = tmp_path / "half.npz"
+    np.savez(p, x_train=x, y_train=y, x_test=x)
+    _err(p, "y_test")
+
+    p = tmp_path / "neglabel.npz"
+    np.savez(p, x_train=x, y_train=y - 5)
+    _err(p, "label")
+
+    p = tmp_path / "shape.npz"
+    np.savez(p, x_train=x.reshape(10, -1), y_train=y)
+    _err(p, "shape")
+
+    p = tmp_path / "testshape.npz"
+    np.savez(p, x_train=x, y_train=y, x_test=x[:, :20], y_test=y)
+    _err(p, "x_test")
+
+    p = tmp_path / "single.npz"
+    np.save(tmp_path / "single.npy", x)
+    (tmp_path / "single.npy").rename(p)
+    _err(p, ".npy")
+
+    p = tmp_path / "text.npz"
+    p.write_text("hello")
+    _err(p)
+
+    good = tmp_path / "good.npz"
+    np.savez(good, x_train=x, y_train=y)
+    p = tmp_path / "trunc.npz"
+    p.write_bytes(good.read_bytes()[:3000])
+    _err(p)
+
+    _err(tmp_path / "missing.npz")
+
+
+def test_cli_prep_and_records(tmp_path, mnist_dir):
+    x, y = digits(mnist_dir, 30)
+    p = tmp_path / "mnist.npz"
+    np.savez_compressed(p, x_train=x[:20], y_train=y[:20], x_test=x[20:], y_test=y[20:])
+    out = tmp_path / "rec"
+    proc = run_cli("prep", "--data", str(p), "--out", str(out), "--val-size", "5")
+    assert proc.returncode == 0, proc.stderr
+    r = run_cli("records", str(out))
+    assert r.returncode == 0, r.stderr
+    assert "28x28x1" in r.stdout and "test      10" in r.stdout
+
+
+def test_cli_pickled_npz(tmp_path, mnist_dir):
+    x, y = digits(mnist_dir, 10)
+    p = tmp_path / "evil.npz"
+    np.savez(p, x_train=np.array([{"a": 1}] * 10, dtype=object), y_train=y)
+    out = tmp_path / "rec"
+    proc = run_cli("prep", "--data", str(p), "--out", str(out), "--val-size", "5")
+    assert_one_line_error(proc, "evil.npz", "pickle")
+    assert not out.exists() and not list(tmp_path.glob(".rec.tmp-*"))

@@ -1,0 +1,139 @@
+"""Training on real MNIST: accuracy gates, reproducibility, the run directory, bad settings."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from conftest import assert_one_line_error, run_cli
+from mnistflow.errors import MnistflowError
+from mnistflow.optim import OPTIMIZERS, SCHEDULES, lr_factor
+from mnistflow.train import train
+
+QUIET = dict(quiet=True, threads=1)
+
+
+def test_softmax_gate(mnist_records, tmp_path):
+    """The tutorial's softmax regression: >= 91.5% test accuracy in one epoch."""
+    s = train(recipe="softmax", data=mnist_records, run_dir=tmp_path / "run", **QUIET)
+    assert s["epochs"] == 1.0 and s["test_acc"] >= 0.915, s
+
+
+@pytest.mark.slow
+def test_seed_cnn_gate(mnist_records, tmp_path):
+    """The tutorial's deep CNN reaches >= 98.5% test accuracy in its time budget (one epoch)."""
+    s = train(recipe="seed-cnn", data=mnist_records, run_dir=tmp_path / "run", epochs=1,
+              tensorboard=False, **QUIET)
+    assert s["test_acc"] >= 0.985, s
+
+
+def test_run_directory_and_json(mnist_records, tmp_path):
+    run = tmp_path / "run"
+    proc = run_cli("train", "--recipe", "softmax", "--data", str(mnist_records), "--run-dir", str(run),
+                   "--max-steps", "120", "--log-every", "40", "--json", "--threads", "1")
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    for k in ("wall_s", "time_to_target_s", "epochs", "steps", "img_per_s", "data_wait_frac",
+              "peak_rss_mb", "val_acc", "test_acc", "run_dir"):
+        assert k in summary
+    assert summary["steps"] == 120 and summary["stop_reason"] == "max_steps"
+    assert "loss" in proc.stdout and "img/s" in proc.stdout and "data wait" in proc.stdout
+    recs = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in recs if r["kind"] == "train"] == [40, 80, 120]
+    assert {r["kind"] for r in recs} == {"train", "val", "test"}
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    ea = EventAccumulator(str(run / "tb"))
+    ea.Reload()
+    tags = set(ea.Tags()["scalars"])
+    assert {"train/loss", "train/acc", "val/loss", "val/acc", "lr", "throughput/img_per_s",
+            "pipeline/data_wait_frac"} <= tags
+    assert [e.step for e in ea.Scalars("train/loss")] == [40, 80, 120]
+    assert ea.Tags()["graph"]  # the model graph
+    assert set(load_file(str(run / "model.safetensors"))) == {"fc1.weight", "fc1.bias"}
+    # eval reads the run directory and agrees with the run's own test accuracy
+    ev = run_cli("eval", str(run), "--json")
+    assert ev.returncode == 0, ev.stderr
+    res = json.loads(ev.stdout)
+    assert res["acc"] == pytest.approx(summary["test_acc"], abs=1e-9)
+    assert len(res["confusion"]) == 10 and sum(map(sum, res["confusion"])) == 10000
+
+
+def test_same_seed_same_weights_bitwise_and_config_reproduces(mnist_records, tmp_path):
+    common = dict(model="fast", data=str(mnist_records), max_steps=25, batch_size=64, lr=0.05,
+                  optimizer="momentum", tensorboard=False, augment=True, **QUIET)
+    train(run_dir=str(tmp_path / "a"), seed=7, **common)
+    train(run_dir=str(tmp_path / "b"), seed=7, **common)
+    train(run_dir=str(tmp_path / "c"), seed=8, **common)
+    a, b, c = (load_file(str(tmp_path / r / "model.safetensors")) for r in "abc")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert not all(torch.equal(a[k], c[k]) for k in a)
+    # the saved config.toml reproduces the run exactly
+    cfg = (tmp_path / "a" / "config.toml").read_text()
+    (tmp_path / "again.toml").write_text(cfg.replace(str(tmp_path / "a"), str(tmp_path / "d")))
+    train(str(tmp_path / "again.toml"))
+    d = load_file(str(tmp_path / "d" / "model.safetensors"))
+    assert all(torch.equal(a[k], d[k]) for k in a)
+
+
+def test_nan_loss_stops_the_run_with_the_step(mnist_records, tmp_path):
+    with pytest.raises(MnistflowError, match=r"NaN/inf at step \d+"):
+        train(model="mlp", optimizer="sgd", lr=1e6, data=mnist_records, run_dir=tmp_path / "r",
+              max_steps=200, tensorboard=False, **QUIET)
+
+
+def test_target_accuracy_stops_early(mnist_records, tmp_path):
+    s = train(recipe="softmax", data=mnist_records, run_dir=tmp_path / "r", target_acc=0.85,
+              eval_every=50, tensorboard=False, **QUIET)
+    assert s["stop_reason"] == "target" and s["time_to_target_s"] is not None
+    assert s["val_acc"] >= 0.85 and s["steps"] < 550 and s["steps"] % 50 == 0
+
+
+@pytest.mark.parametrize("opt", OPTIMIZERS)
+def test_every_optimizer_learns(mnist_records, tmp_path, opt):
+    lr = {"sgd": 0.1, "momentum": 0.05, "adadelta": 1.0, "adagrad": 0.05}.get(opt, 1e-3)
+    s = train(model="softmax", optimizer=opt, lr=lr, data=mnist_records, run_dir=tmp_path / "r",
+              max_steps=60, batch_size=100, tensorboard=False, **QUIET)
+    assert s["val_acc"] > 0.75, (opt, s)
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_schedules_are_pure_functions_of_the_step(schedule):
+    f = [lr_factor(s, 100, schedule, warmup=0.1, steps_per_epoch=10, step_every=2, gamma=0.5)
+         for s in range(100)]
+    assert f == [lr_factor(s, 100, schedule, warmup=0.1, steps_per_epoch=10, step_every=2, gamma=0.5)
+                 for s in range(100)]
+    assert f[0] == pytest.approx(0.1)  # linear warm-up from the first step
+    assert max(f) == pytest.approx(1.0)
+    if schedule in ("cosine", "linear", "onecycle"):
+        assert f[-1] < 0.05
+    if schedule == "step":
+        assert f[20] == pytest.approx(0.5) and f[40] == pytest.approx(0.25)
+
+
+@pytest.mark.parametrize("args,fragment", [
+    (["--model", "nope"], "unknown model 'nope'"),
+    (["--recipe", "nope"], "unknown recipe 'nope'"),
+    (["--optimizer", "nope"], "unknown optimizer 'nope'"),
+    (["--schedule", "nope"], "unknown schedule"),
+    (["--lr", "0"], "--lr must be positive"),
+    (["--batch-size", "60000"], "larger than the training set"),
+    (["--precision", "fp8"], "--precision"),
+])
+def test_impossible_settings_fail_before_work(mnist_records, tmp_path, args, fragment):
+    proc = run_cli("train", "--data", str(mnist_records), "--run-dir", str(tmp_path / "r"), *args)
+    assert_one_line_error(proc, fragment)
+    assert not (tmp_path / "r").exists()
+
+
+def test_unknown_config_key_is_an_error(tmp_path):
+    (tmp_path / "c.toml").write_text('model = "softmax"\nlearning_rate = 0.1\n')
+    assert_one_line_error(run_cli("train", "--config", str(tmp_path / "c.toml")), "learning_rate", "c.toml")
+
+
+def test_spec_model_must_fit_the_records(mnist_records, tmp_path):
+    proc = run_cli("train", "--data", str(mnist_records), "--model", "conv3x3x4,fc7", "--run-dir",
+                   str(tmp_path / "r"))
+    assert_one_line_error(proc, "7 outputs", "10 classes")
