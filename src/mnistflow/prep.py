@@ -34,7 +34,12 @@ def _source_files(dataset: str | None, data: Path | None) -> tuple[str, list[Pat
 
             files = sorted(find_idx_files(data).values())
         return data.resolve().name, files
-    return data.name.split(".")[0], [data]
+    files = [data]
+    if detect_format(data) == "csv":  # a sibling *test*.csv is part of the dataset
+        from .data.csvfile import companion_files
+
+        files += companion_files(data)
+    return data.name.split(".")[0], files
 
 
 def _resolve_input(dataset: str | None, data: Path | None) -> tuple[str | None, Path | None]:

@@ -23,34 +23,90 @@ from .sources import RawDataset, RawSplit, check_labels
 _BATCH = re.compile(r"^(data_batch_(\d+)|test_batch)$")
 
 
-def _allowed() -> dict[tuple[str, str], object]:
-    import numpy.lib.format  # noqa: F401  (makes sure numpy's pickle helpers are loaded)
+_SIMPLE_DTYPE = re.compile(r"^[<>|=]?(u1|u2|u4|u8|i1|i2|i4|i8|f4|f8|b1)$")
 
+
+class _Refused(pickle.UnpicklingError):
+    pass
+
+
+def _latin1(text: str, encoding: str = "utf-8") -> bytes:
+    """``_codecs.encode``, for latin-1 only: how Python 3 writes bytes at protocol 2."""
+    if not isinstance(text, str) or encoding not in ("latin1", "latin-1"):
+        raise _Refused(f"_codecs.encode with {encoding!r}")
+    return text.encode("latin1")
+
+
+def _empty_bytes(*args) -> bytes:
+    if args:
+        raise _Refused("bytes() with arguments")
+    return b""
+
+
+def _dtype(spec, align=False, copy=False) -> np.dtype:
+    """``numpy.dtype`` for plain numeric types only (no objects, records or void)."""
+    if not isinstance(spec, str) or not _SIMPLE_DTYPE.match(spec):
+        raise _Refused(f"numpy.dtype({spec!r:.40})")
+    return np.dtype(spec)
+
+
+def _multiarray():
     try:
         from numpy._core import multiarray, numeric
     except ImportError:  # numpy < 2
         from numpy.core import multiarray, numeric  # type: ignore[no-redef]
-    ok: dict[tuple[str, str], object] = {("numpy", "ndarray"): np.ndarray,
-                                         ("numpy", "dtype"): np.dtype}
-    for mod in ("numpy.core.multiarray", "numpy._core.multiarray"):
-        ok[mod, "_reconstruct"] = multiarray._reconstruct
-        ok[mod, "scalar"] = multiarray.scalar
-    if hasattr(numeric, "_frombuffer"):
-        for mod in ("numpy.core.numeric", "numpy._core.numeric"):
-            ok[mod, "_frombuffer"] = numeric._frombuffer
-    return ok
+    return multiarray, numeric
 
 
-class _SafeUnpickler(pickle.Unpickler):
-    """Rebuilds numpy arrays, lists, dicts, bytes, str and numbers; refuses everything else."""
+def _reconstruct(subtype, shape, code):
+    if subtype is not np.ndarray or shape != (0,) or code not in (b"b", "b"):
+        raise _Refused("numpy _reconstruct with unusual arguments")
+    return _multiarray()[0]._reconstruct(np.ndarray, (0,), b"b")
+
+
+def _frombuffer(buf, dtype, shape, order):
+    if not isinstance(dtype, np.dtype) or dtype.kind not in "uifb" or order not in ("C", "F"):
+        raise _Refused("numpy _frombuffer with unusual arguments")
+    return np.frombuffer(buf, dtype=dtype).reshape(shape, order=order)
+
+
+_ALLOWED: dict[tuple[str, str], object] = {
+    ("numpy", "ndarray"): np.ndarray, ("numpy", "dtype"): _dtype,
+    ("numpy.core.multiarray", "_reconstruct"): _reconstruct,
+    ("numpy._core.multiarray", "_reconstruct"): _reconstruct,
+    ("numpy.core.numeric", "_frombuffer"): _frombuffer,
+    ("numpy._core.numeric", "_frombuffer"): _frombuffer,
+    ("_codecs", "encode"): _latin1, ("builtins", "bytes"): _empty_bytes,
+}
+
+
+def _check_dtype_state(state) -> None:
+    # numpy writes (3, byteorder, None, None, None, -1, -1, 0) for plain numeric types.
+    if not (isinstance(state, tuple) and len(state) == 8 and state[0] == 3
+            and state[1] in ("<", ">", "|", "=") and state[2:] == (None, None, None, -1, -1, 0)):
+        raise _Refused("a numpy dtype with unusual state")
+
+
+def _check_array_state(state) -> None:
+    if not (isinstance(state, tuple) and len(state) == 5 and isinstance(state[1], tuple)
+            and all(type(n) is int and n >= 0 for n in state[1])
+            and isinstance(state[2], np.dtype) and state[2].kind in "uifb"
+            and isinstance(state[3], bool) and isinstance(state[4], (bytes, str))):
+        raise _Refused("a numpy array with unusual state")
+
+
+class _SafeUnpickler(pickle._Unpickler):  # the pure-Python one: its opcodes can be checked
+    """Rebuilds plain numeric numpy arrays, lists, dicts, bytes, str and numbers; refuses
+    every other global, and any object state (BUILD) but a plain dtype's or array's."""
+
+    dispatch = dict(pickle._Unpickler.dispatch)
 
     def __init__(self, f, where: str):
         super().__init__(f, encoding="latin1")
         self.where = where
-        self.ok = _allowed()
 
     def find_class(self, module: str, name: str):
-        obj = self.ok.get((module, name))
+        obj = _ALLOWED.get((module, name))
         if obj is None:
             raise MnistflowError(f"refusing to unpickle {module}.{name}: a CIFAR batch holds "
                                  "only numpy arrays and lists (is this file tampered with?)",
@@ -58,7 +114,19 @@ class _SafeUnpickler(pickle.Unpickler):
         return obj
 
     def persistent_load(self, pid):
-        raise MnistflowError("refusing to unpickle a persistent reference", self.where)
+        raise _Refused("a persistent reference")
+
+    def load_build(self):
+        state, inst = self.stack[-1], self.stack[-2]
+        if isinstance(inst, np.dtype):
+            _check_dtype_state(state)
+        elif type(inst) is np.ndarray:
+            _check_array_state(state)
+        else:
+            raise _Refused(f"setting the state of a {type(inst).__name__}")
+        super().load_build()
+
+    dispatch[pickle.BUILD[0]] = load_build
 
 
 def safe_unpickle(data: bytes, where: str) -> object:
@@ -67,6 +135,9 @@ def safe_unpickle(data: bytes, where: str) -> object:
         return _SafeUnpickler(io.BytesIO(data), where).load()
     except MnistflowError:
         raise
+    except _Refused as e:
+        fail(where, f"refusing to unpickle {e}: a CIFAR batch holds only plain numpy arrays "
+                    "and lists (is this file tampered with?)")
     except Exception as e:  # a malformed pickle can raise almost anything
         fail(where, f"not a readable CIFAR batch pickle ({type(e).__name__}: {e})")
 

@@ -66,8 +66,11 @@ def _diagnose(path: Path, lines: list[str], linenos: list[int], ncols: int) -> N
 
 def _parse_chunk(path: Path, lines: list[str], linenos: list[int], ncols: int) -> np.ndarray:
     try:
-        return np.loadtxt(lines, delimiter=",", dtype=np.int64, comments=None,
-                          quotechar='"', ndmin=2)
+        a = np.loadtxt(lines, delimiter=",", dtype=np.int64, comments=None,
+                       quotechar='"', ndmin=2)
+        if a.shape[1] == ncols:
+            return a
+        _diagnose(path, lines, linenos, ncols)
     except ValueError:
         pass
     try:  # integral floats such as 12.0

@@ -42,7 +42,11 @@ def decode_image(src: bytes | Path, where: str | os.PathLike,
         with Image.open(io.BytesIO(src) if isinstance(src, (bytes, bytearray)) else src) as img:
             img.load()
             palette = img.mode == "P"
-            img = img.convert("L" if img.mode in _GREY_MODES else "RGB")
+            if img.mode.startswith("I;16"):  # 16-bit grey: keep the high byte, do not clip
+                img = Image.fromarray((np.asarray(img).astype(np.uint16) >> 8).astype(np.uint8))
+            mode = "L" if img.mode in _GREY_MODES else "RGB"
+            if img.mode != mode:
+                img = img.convert(mode)
             if resize is not None:
                 img = img.resize((resize[1], resize[0]), _resample())
             arr = np.asarray(img, dtype=np.uint8)
