@@ -17,14 +17,20 @@ _API = {
     "open_records": ("mnistflow.data.records", "open_records"),
     "MnistflowError": ("mnistflow.errors", "MnistflowError"),
     "train": ("mnistflow.train", "train"),
+    "diagnose": ("mnistflow.doctor", "diagnose"),
     "fit": ("mnistflow.train", "fit"),
     "TrainConfig": ("mnistflow.config", "TrainConfig"),
     "evaluate": ("mnistflow.inference", "evaluate"),
     "predict": ("mnistflow.inference", "predict"),
     "load_model": ("mnistflow.artifacts", "load_model"),
+    "load_any": ("mnistflow.artifacts", "load_any"),
+    "export": ("mnistflow.export", "export"),
+    "load_npz_into": ("mnistflow.export", "load_npz_into"),
+    "summarize": ("mnistflow.summary", "summarize"),
     "create_model": ("mnistflow.models", "create_model"),
     "list_models": ("mnistflow.models", "list_models"),
     "register_model": ("mnistflow.models", "register_model"),
+    "serve": ("mnistflow.serve", "serve"),
 }
 
 __all__ = sorted(_API) + ["__version__"]

@@ -93,6 +93,11 @@ TRAIN_HELP = {
     "log_every": "steps between progress lines (and device syncs)",
     "eval_every": "steps between validation passes (default: every epoch)",
     "json": "print a JSON summary of the run as the last line",
+    "checkpoint_every": "steps between checkpoints (RUN/checkpoints; also at the end and on a new best)",
+    "checkpoint_secs": "seconds between checkpoints",
+    "keep_checkpoints": "checkpoints to keep (plus the best); 0 turns checkpoints off",
+    "init_from": "start from the arrays of an npz (mnistflow export --format npz), by name",
+    "init_only": "glob(s), comma separated, of the names --init-from restores (e.g. 'conv*')",
 }
 
 
@@ -113,7 +118,12 @@ def _add_train(sub) -> None:
 
     p = sub.add_parser("train", help="train a model from records into a run directory")
     p.add_argument("--config", type=Path, help="a TOML file of settings (e.g. a run's config.toml)")
+    p.add_argument("--resume", nargs="?", const="latest", default=None, metavar="PATH",
+                   help="continue from the latest checkpoint of --run-dir, or from PATH "
+                        "(a checkpoint or run directory)")
     for f in fields(TrainConfig):
+        if f.name == "resume":
+            continue
         flag = "--" + f.name.replace("_", "-")
         kind = _flag_type(str(f.type))
         helptext = TRAIN_HELP.get(f.name, "") + (f" (default {f.default})" if f.default is not None else "")
@@ -131,8 +141,14 @@ def _run_train(a) -> int:
     from .config import TrainConfig
     from .train import train
 
+    from .train import TrainingInterrupted
+
     overrides = {f.name: getattr(a, f.name) for f in fields(TrainConfig)}
-    train(a.config, **{k: v for k, v in overrides.items() if v is not None})
+    try:
+        train(a.config, **{k: v for k, v in overrides.items() if v is not None})
+    except TrainingInterrupted as e:  # a checkpoint was saved: 130 (SIGINT) / 143 (SIGTERM)
+        sys.stderr.write(f"{PROG}: {e}\n")
+        return e.exit_code
     return 0
 
 
@@ -159,6 +175,7 @@ def _add_eval(sub) -> None:
     p = sub.add_parser("eval", help="accuracy, loss, per-class accuracy and confusion matrix")
     p.add_argument("model", type=Path, help="a run directory or a model file")
     p.add_argument("--split", default="test", choices=["train", "val", "test"])
+    p.add_argument("--model", dest="model_name", help="the model name for an npz of parameters")
     p.add_argument("--data", type=Path, help="records or raw data (default: the model's own records)")
     p.add_argument("--device", default="auto")
     p.add_argument("--batch-size", type=int, default=2000)
@@ -171,7 +188,8 @@ def _run_eval(a) -> int:
 
     from .inference import evaluate, format_eval
 
-    res = evaluate(a.model, a.split, data=a.data, device=a.device, batch_size=a.batch_size)
+    res = evaluate(a.model, a.split, data=a.data, device=a.device, batch_size=a.batch_size,
+                   model_name=a.model_name)
     print(json.dumps(res) if a.json else format_eval(res))
     return 0
 
@@ -185,6 +203,7 @@ def _add_predict(sub) -> None:
     p.add_argument("--mnist-style", action="store_true",
                    help="crop to the digit, scale to 20x20, centre by mass in 28x28 (as MNIST was made)")
     p.add_argument("--device", default="cpu")
+    p.add_argument("--model", dest="model_name", help="the model name for an npz of parameters")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_run_predict)
 
@@ -195,12 +214,91 @@ def _run_predict(a) -> int:
     from .inference import format_predictions, predict
 
     invert = {"no": False, "yes": True, "auto": None}[a.invert]
-    preds = predict(a.model, a.images, invert=invert, mnist_style=a.mnist_style, device=a.device)
+    preds = predict(a.model, a.images, invert=invert, mnist_style=a.mnist_style, device=a.device,
+                    model_name=a.model_name)
     print(json.dumps(preds) if a.json else format_predictions(preds))
     return 0
 
 
-VERBS = [_add_prep, _add_records, _add_train, _add_models, _add_eval, _add_predict]
+def _add_serve(sub) -> None:
+    p = sub.add_parser("serve", help="the draw-a-digit web page and a JSON API for a trained model")
+    p.add_argument("model", type=Path, help="a run directory, a model file or an ONNX export")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on (default 127.0.0.1: this machine only; others get a warning)")
+    p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 picks a free one)")
+    p.add_argument("--workers", type=int, default=1, help="server processes, each with its own model")
+    p.add_argument("--threads", type=int, default=1, help="intra-op threads per request (default 1)")
+    p.add_argument("--access-log", action="store_true", help="log every request")
+    p.set_defaults(func=_run_serve)
+
+
+def _run_serve(a) -> int:
+    from .serve import serve
+
+    serve(a.model, a.host, a.port, workers=a.workers, threads=a.threads, access_log=a.access_log)
+    return 0
+
+
+def _add_doctor(sub) -> None:
+    p = sub.add_parser("doctor", help="versions, devices, CPU features, and what to change for speed")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_run_doctor)
+
+
+def _run_doctor(a) -> int:
+    import json
+
+    from .doctor import diagnose, format_report
+
+    d = diagnose()
+    print(json.dumps(d) if a.json else format_report(d))
+    return 0
+
+
+def _add_export(sub) -> None:
+    p = sub.add_parser("export", help="a trained model as ONNX (verified), npz or safetensors")
+    p.add_argument("model", type=Path, help="a run directory, a checkpoint or a model file")
+    p.add_argument("--format", required=True, choices=["onnx", "npz", "safetensors"])
+    p.add_argument("--out", type=Path, help="file to write (default: next to the model)")
+    p.add_argument("--only", action="append", metavar="GLOB",
+                   help="npz/safetensors: only names matching GLOB, e.g. 'conv*' (repeatable)")
+    p.add_argument("--quantize", choices=["int8"], help="onnx: also write an int8 model and compare it")
+    p.add_argument("--model", dest="model_name", help="the model name for an npz of parameters")
+    p.add_argument("--data", type=Path, help="records for verification (default: the model's own)")
+    p.add_argument("--json", action="store_true", help="print the result as one JSON object")
+    p.set_defaults(func=_run_export)
+
+
+def _run_export(a) -> int:
+    import json
+
+    from .export import export, format_export
+
+    res = export(a.model, a.format, a.out, a.only, a.quantize, model_name=a.model_name, data=a.data)
+    print(json.dumps(res) if a.json else format_export(res))
+    return 0
+
+
+def _add_summary(sub) -> None:
+    p = sub.add_parser("summary", help="layers, output shapes, parameters, MACs; --variables lists them")
+    p.add_argument("model", help="a registered model, a layer spec, a run directory or a model file")
+    p.add_argument("--input", type=_size, help="input HxW (default: the model's, or 28x28)")
+    p.add_argument("--channels", type=int, help="input channels (default: the model's, or 1)")
+    p.add_argument("--classes", type=int, help="classes for a model name or spec (default 10)")
+    p.add_argument("--variables", action="store_true", help="list every trainable variable with its shape")
+    p.add_argument("--all", action="store_true", help="list all variables, buffers included")
+    p.set_defaults(func=_run_summary)
+
+
+def _run_summary(a) -> int:
+    from .summary import summarize
+
+    print(summarize(a.model, a.input, a.variables, a.all, channels=a.channels, num_classes=a.classes))
+    return 0
+
+
+VERBS = [_add_doctor, _add_prep, _add_records, _add_train, _add_models, _add_eval, _add_predict, _add_serve,
+         _add_export, _add_summary]
 
 
 def build_parser() -> argparse.ArgumentParser:

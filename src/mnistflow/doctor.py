@@ -1,0 +1,106 @@
+"""``mnistflow doctor``: what this machine is, what is installed, and what to change."""
+from __future__ import annotations
+
+import importlib.util
+import os
+import platform
+import sys
+
+
+def _has(mod: str) -> bool:
+    return importlib.util.find_spec(mod) is not None
+
+
+def diagnose() -> dict:
+    """Facts about the environment and concrete recommendations (a dict, for --json)."""
+    import torch
+
+    from .data.sources import home
+    from .runtime import cpu_flags, cpu_has_fast_bf16, usable_cores
+
+    facts: dict = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "torch_build": "CUDA " + torch.version.cuda if torch.version.cuda else "CPU only",
+        "cuda_available": torch.cuda.is_available(),
+        "cpu": _cpu_model(),
+        "cpu_features": sorted(f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
+                               if f in cpu_flags()),
+        "cores": usable_cores(),
+        "torch_threads": torch.get_num_threads(),
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "(unset)"),
+        "mnistflow_home": str(home()),
+        "mnistflow_data": os.environ.get("MNISTFLOW_DATA", "(unset)"),
+        "optional": {"tensorboard": _has("tensorboard"), "onnxruntime": _has("onnxruntime"),
+                     "onnx": _has("onnx"), "serve (starlette, uvicorn)": _has("starlette") and _has("uvicorn"),
+                     "matplotlib": _has("matplotlib")},
+        "gpus": [],
+    }
+    if torch.cuda.is_available():
+        facts["cudnn"] = torch.backends.cudnn.version()
+        for i in range(torch.cuda.device_count()):
+            p = torch.cuda.get_device_properties(i)
+            facts["gpus"].append({"index": i, "name": p.name, "memory_gb": round(p.total_memory / 2**30, 1),
+                                  "capability": f"{p.major}.{p.minor}", "bf16": torch.cuda.is_bf16_supported()})
+        try:
+            torch.zeros(1, device="cuda")
+            facts["cuda_driver_ok"] = True
+        except RuntimeError as e:
+            facts["cuda_driver_ok"] = False
+            facts["cuda_error"] = str(e).splitlines()[0]
+    recs = []
+    if facts["gpus"]:
+        recs.append("a GPU is present: mnistflow uses it by default (--device auto); data stays resident on it")
+        if facts["gpus"][0]["bf16"]:
+            recs.append("the GPU supports bf16: --precision auto picks bf16")
+        if facts.get("cuda_driver_ok") is False:
+            recs.append("CUDA failed to initialise: the driver does not match this torch build "
+                        f"({facts['torch_build']}); install a matching torch or driver")
+    elif cpu_has_fast_bf16():
+        recs.append("bf16 is fast on this CPU (AMX/AVX-512-BF16): use --precision bf16 (auto does) "
+                    "and --channels-last for conv nets")
+    else:
+        recs.append("no fast bf16 on this CPU: --precision auto stays fp32")
+    cores = facts["cores"]
+    recs.append(f"{cores} core(s): use --threads {cores} on an idle machine (fewer when other processes "
+                "are busy: oversubscribed threads can be several times slower); no loader workers are needed "
+                "(the data is resident)")
+    if "OMP_WAIT_POLICY" not in os.environ and cores <= 4:
+        recs.append("on a shared machine set OMP_WAIT_POLICY=PASSIVE before starting: spinning OpenMP threads "
+                    "collapse when another process holds a core")
+    if not facts["optional"]["tensorboard"]:
+        recs.append("pip install tensorboard to get event files")
+    if not facts["optional"]["onnxruntime"]:
+        recs.append("pip install 'mnistflow[onnx]' for ONNX export")
+    if facts["mnistflow_data"] == "(unset)" and not (home() / "raw" / "mnist").is_dir():
+        recs.append("MNIST is neither in $MNISTFLOW_DATA nor in the cache: the first prep downloads it")
+    facts["recommendations"] = recs
+    return facts
+
+
+def _cpu_model() -> str:
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def format_report(d: dict) -> str:
+    rows = [("Python", d["python"]), ("PyTorch", f"{d['torch']} ({d['torch_build']})"),
+            ("CUDA available", str(d["cuda_available"]))]
+    if "cudnn" in d:
+        rows.append(("cuDNN", str(d["cudnn"])))
+    for g in d["gpus"]:
+        rows.append((f"GPU {g['index']}", f"{g['name']}, {g['memory_gb']} GB, sm {g['capability']}"))
+    rows += [("CPU", d["cpu"]), ("CPU features", " ".join(d["cpu_features"]) or "-"),
+             ("cores / threads", f"{d['cores']} / {d['torch_threads']}"),
+             ("OMP_WAIT_POLICY", d["omp_wait_policy"]),
+             ("data", d["mnistflow_data"]), ("cache", d["mnistflow_home"])]
+    rows += [(f"  {k}", "installed" if v else "missing") for k, v in d["optional"].items()]
+    w = max(len(k) for k, _ in rows)
+    out = [f"{k:<{w}}  {v}" for k, v in rows]
+    out += ["", "recommendations:"] + [f"- {r}" for r in d["recommendations"]]
+    return "\n".join(out)

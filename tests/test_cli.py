@@ -1,0 +1,76 @@
+"""The command line as a user meets it: fast help, python -m, argument errors, doctor."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from conftest import assert_one_line_error, run_cli
+
+
+def test_help_lists_the_verbs_without_importing_torch():
+    code = ("import sys, contextlib, io\nfrom mnistflow.cli import main\n"
+            "buf = io.StringIO()\n"
+            "with contextlib.redirect_stdout(buf):\n"
+            "    try: main(['--help'])\n"
+            "    except SystemExit: pass\n"
+            "print(buf.getvalue()); print('TORCH_LOADED', 'torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    for verb in ("prep", "records", "train", "eval", "predict", "models", "doctor"):
+        assert verb in out
+    assert "TORCH_LOADED False" in out  # heavy imports stay inside the handlers
+
+
+def test_python_dash_m_and_version():
+    proc = run_cli("--version")
+    assert proc.returncode == 0 and proc.stdout.startswith("mnistflow ")
+
+
+def test_argument_errors_are_one_line():
+    assert_one_line_error(run_cli("train", "--epochs", "many"), "--epochs")
+    assert_one_line_error(run_cli("frobnicate"), "frobnicate")
+    assert_one_line_error(run_cli("prep", "--resize", "28by28"), "HxW")
+
+
+def test_doctor_reports_the_machine():
+    proc = run_cli("doctor", "--json")
+    assert proc.returncode == 0, proc.stderr
+    d = json.loads(proc.stdout)
+    assert d["torch"].startswith("2.") and d["cores"] >= 1 and d["recommendations"]
+    from mnistflow.runtime import cpu_has_fast_bf16
+
+    assert any("bf16" in r for r in d["recommendations"]) == (cpu_has_fast_bf16() or bool(d["gpus"]))
+
+
+def test_models_lists_every_registered_model():
+    from mnistflow.models import list_models
+
+    proc = run_cli("models")
+    assert proc.returncode == 0
+    for name in list_models():
+        assert name in proc.stdout
+    assert "3,274,634" in proc.stdout  # seed-cnn
+
+
+def test_predict_on_an_idx_file_and_a_png(mnist_records, mnist_dir, tmp_path):
+    from PIL import Image
+
+    from mnistflow.data.idx import read_idx
+    from mnistflow.train import train
+
+    train(recipe="softmax", data=mnist_records, run_dir=tmp_path / "run", quiet=True, threads=1,
+          tensorboard=False)
+    imgs = read_idx(mnist_dir / "t10k-images-idx3-ubyte.gz")
+    labels = read_idx(mnist_dir / "t10k-labels-idx1-ubyte.gz")
+    Image.fromarray(255 - imgs[0]).save(tmp_path / "ink_on_paper.png")  # dark on light, like a photo
+    proc = run_cli("predict", str(tmp_path / "run"), str(tmp_path / "ink_on_paper.png"), "--invert", "auto",
+                   "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)[0]["label"] == labels[0]
+    idx = tmp_path / "t10k-images-idx3-ubyte"
+    idx.write_bytes(bytes([0, 0, 8, 3]) + (50).to_bytes(4, "big") + (28).to_bytes(4, "big") * 2 + imgs[:50].tobytes())
+    proc = run_cli("predict", str(tmp_path / "run"), str(idx), "--json")
+    preds = json.loads(proc.stdout)
+    assert len(preds) == 50 and sum(p["label"] == y for p, y in zip(preds, labels[:50])) >= 44
+    (tmp_path / "junk.png").write_bytes(b"not a png")
+    assert_one_line_error(run_cli("predict", str(tmp_path / "run"), str(tmp_path / "junk.png")), "junk.png")
