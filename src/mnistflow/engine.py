@@ -6,6 +6,7 @@ a device sync, so there the loss is checked for NaN/inf after every step.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from dataclasses import dataclass, field
@@ -41,6 +42,13 @@ def call(hooks: Iterable, name: str, *args) -> None:
             fn(*args)
 
 
+def _range(name: str):
+    """A named profiler range (``mnistflow/<phase>``) while a profiler records; else free."""
+    if torch.autograd.profiler._is_profiler_enabled:
+        return torch.profiler.record_function("mnistflow/" + name)
+    return contextlib.nullcontext()
+
+
 class NonFiniteLoss(MnistflowError):
     pass
 
@@ -72,21 +80,32 @@ def train_one_epoch(model: nn.Module, loader, optimizer: torch.optim.Optimizer, 
     win_t0, win_wait0 = time.perf_counter(), loader.stats.wait_s
     scaler = amp.scaler
     limit = min(max_steps or state.total_steps, state.total_steps)
-    for xb, yb in loader:
+    batches = iter(loader)
+    while True:
+        with _range("data"):
+            batch = next(batches, None)
+        if batch is None:
+            break
+        xb, yb = batch
         lr = lr_at(state.step)
         for g in optimizer.param_groups:
             g["lr"] = lr
-        with amp.autocast():
-            logits = model(xb)
-        loss = F.cross_entropy(logits.float(), yb, label_smoothing=label_smoothing)
-        optimizer.zero_grad(set_to_none=True)
-        if scaler is not None:
-            scaler.scale(loss).backward()
-            scaler.step(optimizer)
-            scaler.update()
-        else:
-            loss.backward()
-            optimizer.step()
+        with _range("forward"):
+            with amp.autocast():
+                logits = model(xb)
+            loss = F.cross_entropy(logits.float(), yb, label_smoothing=label_smoothing)
+        with _range("backward"):
+            optimizer.zero_grad(set_to_none=True)
+            if scaler is not None:
+                scaler.scale(loss).backward()
+            else:
+                loss.backward()
+        with _range("optimizer"):
+            if scaler is not None:
+                scaler.step(optimizer)
+                scaler.update()
+            else:
+                optimizer.step()
         n = yb.shape[0]
         ld = loss.detach()
         if check_each_step and not math.isfinite(ld.item()):
@@ -100,7 +119,8 @@ def train_one_epoch(model: nn.Module, loader, optimizer: torch.optim.Optimizer, 
         state.samples += n
         last = state.step >= limit or state.step_in_epoch == len(loader)
         if state.step % log_every == 0 or last:
-            wl, wc = torch.stack([win_loss, win_correct.to(win_loss.dtype)]).tolist()  # the sync point
+            with _range("sync"):
+                wl, wc = torch.stack([win_loss, win_correct.to(win_loss.dtype)]).tolist()  # the sync point
             if not math.isfinite(wl):
                 raise _nonfinite(state.step, state.epoch, lr, amp.precision)
             now = time.perf_counter()
@@ -109,7 +129,8 @@ def train_one_epoch(model: nn.Module, loader, optimizer: torch.optim.Optimizer, 
                     "loss": wl / win_n, "acc": wc / win_n, "lr": lr, "img_per_s": win_n / dt,
                     "data_wait_frac": min((loader.stats.wait_s - win_wait0) / dt, 1.0),
                     "queue_depth": loader.stats.queue_depth}
-            call(hooks, "on_train_log", state.step, logs)
+            with _range("logging"):
+                call(hooks, "on_train_log", state.step, logs)
             tot_loss += win_loss
             tot_correct += win_correct
             tot_n += win_n
@@ -117,7 +138,8 @@ def train_one_epoch(model: nn.Module, loader, optimizer: torch.optim.Optimizer, 
             win_correct.zero_()
             win_n = 0
             win_t0, win_wait0 = time.perf_counter(), loader.stats.wait_s
-        call(hooks, "on_step_end", state.step, state)
+        with _range("step_hooks"):
+            call(hooks, "on_step_end", state.step, state)
         if state.step >= limit:
             state.stop = True
         if state.stop:

@@ -1,0 +1,108 @@
+"""Watch memory: peak RSS (and GPU peaks), a warning near the machine's limit, a leak trend,
+and the pre-flight check that refuses settings that would swap."""
+from __future__ import annotations
+
+import sys
+
+import psutil
+import torch
+
+from ..errors import MnistflowError
+
+
+def rss_mb() -> float:
+    return psutil.Process().memory_info().rss / 2**20
+
+
+def available_mb() -> float:
+    return psutil.virtual_memory().available / 2**20
+
+
+def gpu_peaks_mb(device: torch.device) -> dict:
+    if device.type != "cuda":
+        return {}
+    return {"gpu_peak_allocated_mb": torch.cuda.max_memory_allocated(device) / 2**20,
+            "gpu_peak_reserved_mb": torch.cuda.max_memory_reserved(device) / 2**20}
+
+
+def estimate_training_mb(model: torch.nn.Module, in_shape: tuple[int, int, int], batch_size: int,
+                         dataset_bytes: int, optimizer_states: int = 2) -> dict:
+    """A pre-flight estimate: resident data + parameters, gradients and optimizer state +
+    activations kept for backward (output sizes of every leaf module for one image, x batch)."""
+    sizes: list[int] = []
+    hooks = [m.register_forward_hook(lambda m, i, o: sizes.append(o.numel() * o.element_size()))
+             for m in model.modules() if not list(m.children())]
+    was = model.training
+    model.eval()
+    with torch.no_grad():
+        model(torch.zeros(1, *in_shape, device=next(model.parameters()).device))
+    model.train(was)
+    for h in hooks:
+        h.remove()
+    params = sum(p.numel() * p.element_size() for p in model.parameters())
+    est = {"data_mb": dataset_bytes / 2**20,
+           "params_mb": params * (2 + optimizer_states) / 2**20,
+           "activations_mb": 2 * sum(sizes) * batch_size / 2**20}  # x2: outputs + their gradients
+    est["total_mb"] = sum(est.values())
+    return est
+
+
+def check_fits(est: dict, cap_mb: float | None = None, what: str = "training") -> None:
+    """Refuse (before any work) a setting whose estimate exceeds the memory available."""
+    cap = cap_mb if cap_mb is not None else available_mb()
+    if est["total_mb"] > cap:
+        parts = ", ".join(f"{k[:-3]} {v:,.0f} MB" for k, v in est.items() if k != "total_mb")
+        raise MnistflowError(f"{what} would need about {est['total_mb']:,.0f} MB ({parts}) but only "
+                             f"{cap:,.0f} MB is available: it would swap. Use a smaller --batch-size "
+                             "or let the loader stream the data (--resident no)")
+
+
+class MemoryWatch:
+    """Samples RSS at every log interval: peak, a warning near the limit, and a leak trend.
+
+    A leak (e.g. keeping each step's loss with its graph in a list) shows as RSS growing
+    step after step; after ``min_points`` samples a steady growth above ``leak_kb_per_step``
+    is reported once, with the growth per step.
+    """
+
+    def __init__(self, device: torch.device, leak_kb_per_step: float = 64.0, min_points: int = 6,
+                 stream=None):
+        self.device = device
+        self.points: list[tuple[int, float]] = []
+        self.peak_mb = rss_mb()
+        self.leak_kb = leak_kb_per_step
+        self.min_points = min_points
+        self.stream = stream or sys.stderr
+        self.leak_message = ""
+        self.near_limit_warned = False
+
+    def on_train_log(self, step: int, logs: dict) -> None:
+        r = rss_mb()
+        self.peak_mb = max(self.peak_mb, r)
+        logs["rss_mb"] = r
+        self.points.append((step, r))
+        if not self.near_limit_warned and available_mb() < 0.05 * psutil.virtual_memory().total / 2**20:
+            self.near_limit_warned = True
+            print(f"mnistflow: warning: memory nearly exhausted: {r:,.0f} MB RSS, "
+                  f"{available_mb():,.0f} MB left on the machine", file=self.stream)
+        self._check_leak()
+
+    def _check_leak(self) -> None:
+        pts = self.points[1:]  # the first interval includes warm-up allocations
+        if self.leak_message or len(pts) < self.min_points:
+            return
+        steps = torch.tensor([p[0] for p in pts], dtype=torch.float64)
+        mem = torch.tensor([p[1] for p in pts], dtype=torch.float64)
+        ds, dm = steps - steps.mean(), mem - mem.mean()
+        slope = float((ds * dm).sum() / (ds * ds).sum())  # MB per step, least squares
+        rises = int((mem[1:] > mem[:-1]).sum())
+        if slope * 1024 > self.leak_kb and rises >= len(pts) - 2:
+            self.leak_message = (
+                f"mnistflow: warning: memory grows every step: +{slope * 1024:,.0f} KB/step "
+                f"({mem[0]:,.0f} -> {mem[-1]:,.0f} MB RSS over steps {int(steps[0])}-{int(steps[-1])}). "
+                "Something keeps tensors alive across steps, e.g. appending the loss (with its graph) "
+                "to a list: keep loss.item() or loss.detach() instead")
+            print(self.leak_message, file=self.stream)
+
+    def summary(self) -> dict:
+        return {"peak_rss_mb": self.peak_mb, **gpu_peaks_mb(self.device)}

@@ -1,0 +1,101 @@
+"""``train --profile-steps A:B`` and ``mnistflow profile``: the PyTorch profiler over a few
+steps of a real run, a Chrome trace, TensorBoard profiler files, the op tables by time and by
+memory, and a breakdown of the step (from the engine's named ranges)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile, schedule
+
+PHASES = ("data", "forward", "backward", "optimizer", "sync", "logging", "step_hooks")
+PHASE_LABELS = {"data": "data (next batch)", "forward": "forward", "backward": "backward",
+                "optimizer": "optimizer", "sync": "device syncs", "logging": "logging",
+                "step_hooks": "checkpoint I/O + eval"}
+
+
+def parse_steps(text: str) -> tuple[int, int]:
+    from ..errors import MnistflowError
+
+    try:
+        a, b = (int(v) for v in text.split(":"))
+        if not 0 <= a < b:
+            raise ValueError
+        return a, b
+    except ValueError:
+        raise MnistflowError(f"--profile-steps must be A:B with 0 <= A < B, got '{text}'") from None
+
+
+class ProfilerHook:
+    """Profiles optimizer steps [A, B): waits A-1 steps, warms up 1, records B-A."""
+
+    def __init__(self, out_dir: str | Path, start: int, stop: int, device: torch.device):
+        self.out = Path(out_dir)
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.start, self.stop = start, stop
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+        warm = 1 if start >= 1 else 0
+        self.prof = profile(activities=acts, schedule=schedule(wait=max(start - warm, 0), warmup=warm,
+                                                               active=stop - start, repeat=1),
+                            on_trace_ready=self._ready, profile_memory=True, record_shapes=True)
+        self.done = False
+        self.report = ""
+        self.prof.__enter__()
+
+    def _ready(self, prof) -> None:
+        prof.export_chrome_trace(str(self.out / "trace.json"))
+        try:
+            from torch.profiler import tensorboard_trace_handler
+
+            tensorboard_trace_handler(str(self.out / "tb"))(prof)
+        except Exception:  # the TensorBoard plugin files are optional
+            pass
+        self.report = op_tables(prof) + "\n\n" + format_breakdown(step_breakdown(self.out / "trace.json"))
+        (self.out / "report.txt").write_text(self.report + "\n")
+        self.done = True
+
+    def on_step_end(self, step: int, state) -> None:
+        if not self.done:
+            self.prof.step()
+            if step >= self.stop:
+                self.close()
+
+    def close(self) -> None:
+        if not self.done or self.prof.profiler is not None:
+            try:
+                self.prof.__exit__(None, None, None)
+            except Exception:
+                pass
+
+
+def op_tables(prof, top: int = 20) -> str:
+    ka = prof.key_averages()
+    return ("ops by self time (top %d)\n" % top + ka.table(sort_by="self_cpu_time_total", row_limit=top)
+            + "\nops by memory (top %d)\n" % top + ka.table(sort_by="self_cpu_memory_usage", row_limit=top))
+
+
+def step_breakdown(trace_path: str | Path) -> dict:
+    """% of the profiled wall time in each of the engine's ``mnistflow/<phase>`` ranges."""
+    events = json.loads(Path(trace_path).read_text())["traceEvents"]
+    spans = [e for e in events if e.get("ph") == "X" and "dur" in e]
+    ours = [e for e in spans if str(e.get("name", "")).startswith("mnistflow/")]
+    steps = [e for e in spans if str(e.get("name", "")).startswith("ProfilerStep#")]
+    wall = sum(e["dur"] for e in steps) or (max(e["ts"] + e["dur"] for e in spans) - min(e["ts"] for e in spans))
+    out = {p: 0.0 for p in PHASES}
+    for e in ours:
+        phase = e["name"].split("/", 1)[1]
+        if phase in out:
+            out[phase] += e["dur"]
+    res = {p: 100 * v / wall for p, v in out.items()}
+    res["other"] = max(0.0, 100 - sum(res.values()))
+    res["wall_ms"] = wall / 1000
+    res["steps"] = len(steps)
+    return res
+
+
+def format_breakdown(b: dict) -> str:
+    lines = [f"step breakdown over {b['steps']} profiled steps ({b['wall_ms']:.1f} ms):"]
+    for p in PHASES + ("other",):
+        lines.append(f"  {PHASE_LABELS.get(p, p):<24} {b[p]:5.1f}%")
+    return "\n".join(lines)

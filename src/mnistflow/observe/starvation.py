@@ -1,0 +1,30 @@
+"""Watch the input queue: warn once when waiting for data takes over 10% of step time."""
+from __future__ import annotations
+
+import sys
+from collections import deque
+
+
+class StarvationWatch:
+    """Looks at the data-wait fraction of the last ``window`` log intervals."""
+
+    def __init__(self, threshold: float = 0.10, window: int = 3, stream=None):
+        self.threshold, self.window = threshold, window
+        self.recent: deque[float] = deque(maxlen=window)
+        self.stream = stream or sys.stderr
+        self.warned = False
+        self.message = ""
+
+    def on_train_log(self, step: int, logs: dict) -> None:
+        self.recent.append(logs["data_wait_frac"])
+        if self.warned or len(self.recent) < self.window:
+            return
+        frac = sum(self.recent) / len(self.recent)
+        if frac > self.threshold:
+            self.warned = True
+            self.message = (
+                f"mnistflow: warning: input starvation: {100 * frac:.0f}% of step time waiting for data "
+                f"over the last {self.window} log intervals (queue depth {logs['queue_depth']}, "
+                f"{logs['img_per_s']:,.0f} img/s). Likely fixes: prepare records once ('mnistflow prep'), "
+                "keep the data on the device (--resident yes), or raise the reader's prefetch.")
+            print(self.message, file=self.stream)
