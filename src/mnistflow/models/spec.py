@@ -16,7 +16,7 @@ import re
 import torch.nn as nn
 
 from ..errors import MnistflowError
-from .layers import ACTIVATIONS, Conv2d, activation, out_shape, pool
+from .layers import ACTIVATIONS, Conv2d, Dropout, activation, out_shape, pool
 
 _CONV = re.compile(r"^conv(\d+)x(\d+)x(\d+)$")
 _POOL = re.compile(r"^(max|avg)pool(\d+)(?:s(\d+))?$")
@@ -57,7 +57,7 @@ def _layer(token: str, shape: tuple[int, ...], spec: str) -> list[tuple[str, nn.
             shape = (int(__import__("math").prod(shape)),)
         out.append(("fc", nn.Linear(shape[0], int(m.group(1)))))
     elif m := _DROP.match(head):
-        out.append(("dropout", nn.Dropout(float(m.group(1)))))
+        out.append(("dropout", Dropout(float(m.group(1)))))
     elif head == "bn":
         out.append(("bn", nn.BatchNorm2d(shape[0]) if len(shape) == 3 else nn.BatchNorm1d(shape[0])))
     elif head in ACTIVATIONS:
