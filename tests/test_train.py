@@ -10,7 +10,7 @@ from safetensors.torch import load_file
 from conftest import assert_one_line_error, run_cli
 from mnistflow.errors import MnistflowError
 from mnistflow.optim import OPTIMIZERS, SCHEDULES, lr_factor
-from mnistflow.train import train
+from mnistflow.training import train
 
 QUIET = dict(quiet=True, threads=1)
 

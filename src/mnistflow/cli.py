@@ -111,16 +111,18 @@ def _flag_type(annotation: str):
     return str
 
 
-def _add_train(sub) -> None:
+def _train_flags(p) -> None:
+    """Every TrainConfig field as a flag (shared by train and profile)."""
     from dataclasses import fields
 
     from .config import TrainConfig
 
-    p = sub.add_parser("train", help="train a model from records into a run directory")
     p.add_argument("--config", type=Path, help="a TOML file of settings (e.g. a run's config.toml)")
     p.add_argument("--resume", nargs="?", const="latest", default=None, metavar="PATH",
                    help="continue from the latest checkpoint of --run-dir, or from PATH "
                         "(a checkpoint or run directory)")
+    p.add_argument("--nproc", type=int, metavar="N",
+                   help="data parallel on this machine: re-run this command under torchrun with N processes")
     for f in fields(TrainConfig):
         if f.name == "resume":
             continue
@@ -132,18 +134,51 @@ def _add_train(sub) -> None:
                            help=helptext)
         else:
             p.add_argument(flag, dest=f.name, type=kind, default=None, help=helptext)
+
+
+def _add_train(sub) -> None:
+    p = sub.add_parser("train", help="train a model from records into a run directory")
+    _train_flags(p)
     p.set_defaults(func=_run_train)
+
+
+def _add_profile(sub) -> None:
+    p = sub.add_parser("profile", help="a few training steps under the PyTorch profiler: Chrome trace, "
+                                       "op tables by time and memory, step breakdown")
+    _train_flags(p)
+    p.set_defaults(func=_run_train, profile_default="5:15")
+
+
+def _without_nproc(argv: list[str]) -> list[str]:
+    out, skip = [], False
+    for i, arg in enumerate(argv):
+        if skip:
+            skip = False
+        elif arg == "--nproc":
+            skip = True
+        elif not arg.startswith("--nproc="):
+            out.append(arg)
+    return out
 
 
 def _run_train(a) -> int:
     from dataclasses import fields
 
     from .config import TrainConfig
-    from .train import train
+    from .training import TrainingInterrupted, train
 
-    from .train import TrainingInterrupted
+    if a.nproc:
+        from .dist import env_info, launch_local
 
+        if env_info().enabled:
+            raise MnistflowError("--nproc is for a plain command; under torchrun leave it out")
+        return launch_local(a.nproc, _without_nproc(sys.argv[1:]))
     overrides = {f.name: getattr(a, f.name) for f in fields(TrainConfig)}
+    if getattr(a, "profile_default", None):  # the profile verb: a short run around the profiled steps
+        overrides["profile_steps"] = overrides["profile_steps"] or a.profile_default
+        if overrides["max_steps"] is None:
+            overrides["max_steps"] = int(overrides["profile_steps"].split(":")[1])
+        overrides["tensorboard"] = False if overrides["tensorboard"] is None else overrides["tensorboard"]
     try:
         train(a.config, **{k: v for k, v in overrides.items() if v is not None})
     except TrainingInterrupted as e:  # a checkpoint was saved: 130 (SIGINT) / 143 (SIGTERM)
@@ -233,7 +268,7 @@ def _add_serve(sub) -> None:
 
 
 def _run_serve(a) -> int:
-    from .serve import serve
+    from .server import serve
 
     serve(a.model, a.host, a.port, workers=a.workers, threads=a.threads, access_log=a.access_log)
     return 0
@@ -272,7 +307,7 @@ def _add_export(sub) -> None:
 def _run_export(a) -> int:
     import json
 
-    from .export import export, format_export
+    from .exporting import export, format_export
 
     res = export(a.model, a.format, a.out, a.only, a.quantize, model_name=a.model_name, data=a.data)
     print(json.dumps(res) if a.json else format_export(res))
@@ -297,8 +332,28 @@ def _run_summary(a) -> int:
     return 0
 
 
-VERBS = [_add_doctor, _add_prep, _add_records, _add_train, _add_models, _add_eval, _add_predict, _add_serve,
-         _add_export, _add_summary]
+def _add_report(sub) -> None:
+    p = sub.add_parser("report", help="plots (curves, confusion matrix, mistakes) and one HTML page of a run")
+    p.add_argument("run_dir", type=Path, help="a run directory")
+    p.add_argument("--out", type=Path, help="folder to write (default: RUN_DIR/report)")
+    p.add_argument("--compare", nargs="+", type=Path, default=[], metavar="RUN_DIR",
+                   help="overlay the curves of these runs too")
+    p.add_argument("--data", type=Path, help="records for the test images (default: the model's own)")
+    p.add_argument("--device", default="auto")
+    p.set_defaults(func=_run_report)
+
+
+def _run_report(a) -> int:
+    from .errors import display
+    from .reporting import build_report
+
+    html, pngs = build_report(a.run_dir, a.out, a.compare, data=a.data, device=a.device)
+    print("\n".join(display(p) for p in [*pngs, html]))
+    return 0
+
+
+VERBS = [_add_doctor, _add_prep, _add_records, _add_train, _add_profile, _add_models, _add_eval, _add_predict, _add_serve,
+         _add_export, _add_summary, _add_report]
 
 
 def build_parser() -> argparse.ArgumentParser:

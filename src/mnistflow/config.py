@@ -52,6 +52,18 @@ class TrainConfig:
     log_every: int = 100  # steps between progress lines (and device syncs)
     eval_every: int | None = None  # steps between validation passes (default: each epoch)
     eval_batch_size: int = 2000
+    validate: bool = True  # evaluate the validation split at epoch ends (or every eval_every steps)
+    profile_steps: str | None = None  # "A:B": profile optimizer steps A..B (Chrome trace, op tables)
+    # memory
+    resident: str = "auto"  # keep the data on the device: auto (when it fits), yes, no (stream it)
+    memory_cap_mb: float | None = None  # refuse settings estimated to need more (default: free memory)
+    # checkpoints (RUN/checkpoints) and resuming
+    checkpoint_every: int | None = None  # steps between checkpoints
+    checkpoint_secs: float | None = 600.0  # seconds between checkpoints
+    keep_checkpoints: int = 3  # the last K are kept (plus the best); 0: no checkpoints
+    resume: str | None = None  # "latest" or a checkpoint / run directory; never saved in config.toml
+    init_from: str | None = None  # an npz (mnistflow export --format npz) to start from, by name
+    init_only: str | None = None  # glob(s), comma separated: the names of init_from to restore
     tensorboard: bool = True
     json: bool = False
     quiet: bool = False
@@ -111,8 +123,20 @@ def validate(cfg: TrainConfig) -> None:
         raise MnistflowError(f"--precision must be one of auto, fp32, bf16, fp16; got '{cfg.precision}'")
     if not 0 <= cfg.label_smoothing < 1:
         raise MnistflowError(f"--label-smoothing must be in [0, 1), got {cfg.label_smoothing}")
+    if cfg.resident not in ("auto", "yes", "no"):
+        raise MnistflowError(f"--resident must be auto, yes or no; got '{cfg.resident}'")
+    if cfg.profile_steps is not None:
+        from .observe.profiler import parse_steps
+
+        parse_steps(cfg.profile_steps)
     if cfg.log_every <= 0:
         raise MnistflowError(f"--log-every must be positive, got {cfg.log_every}")
+    if cfg.checkpoint_every is not None and cfg.checkpoint_every <= 0:
+        raise MnistflowError(f"--checkpoint-every must be positive, got {cfg.checkpoint_every}")
+    if cfg.checkpoint_secs is not None and cfg.checkpoint_secs <= 0:
+        raise MnistflowError(f"--checkpoint-secs must be positive, got {cfg.checkpoint_secs}")
+    if cfg.keep_checkpoints < 0:
+        raise MnistflowError(f"--keep-checkpoints must be 0 or more, got {cfg.keep_checkpoints}")
     if cfg.threads is not None and cfg.threads <= 0:
         raise MnistflowError(f"--threads must be positive, got {cfg.threads}")
     from .models import get_entry
@@ -136,7 +160,7 @@ def save_toml(cfg: TrainConfig, path: str | Path) -> None:
     """Write the resolved configuration as TOML (``None`` values are left out)."""
     lines = ["# mnistflow resolved configuration: mnistflow train --config THIS_FILE", "version = 1"]
     for k, v in to_dict(cfg).items():
-        if v is None:
+        if v is None or k == "resume":  # resuming is an action, not a setting
             continue
         lines.append(f"{k} = {json.dumps(v)}")  # JSON scalars are valid TOML scalars
     from .fsutil import atomic_write_text

@@ -1,4 +1,8 @@
-"""Using a trained model: ``evaluate`` (eval verb) and ``predict`` (predict verb)."""
+"""Using a trained model: ``evaluate`` (eval verb) and ``predict`` (predict verb).
+
+Both take anything ``artifacts.load_any`` reads: a run directory, model.safetensors, a
+checkpoint, an npz (with the model name) or an ONNX file (run in onnxruntime on the CPU).
+"""
 from __future__ import annotations
 
 from pathlib import Path
@@ -6,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .artifacts import ModelInfo, load_model
+from .artifacts import ModelInfo, OnnxModule, load_any
 from .data.loader import make_loader
 from .data.records import open_records
 from .errors import MnistflowError
@@ -23,14 +27,22 @@ def _records_for(info: ModelInfo, data: str | Path | None):
     raise MnistflowError("the model's training records are gone; pass --data RECORDS_OR_RAW")
 
 
+def _load(model_path, model_name, dev, data):
+    model, info = load_any(model_path, model_name, dev, data=data)
+    if isinstance(model, OnnxModule):
+        dev = torch.device("cpu")
+    return model, info, dev
+
+
 def evaluate(model_path: str | Path, split: str = "test", *, data: str | Path | None = None,
-             device: str = "auto", batch_size: int = 2000, threads: int | None = None) -> dict:
+             device: str = "auto", batch_size: int = 2000, threads: int | None = None,
+             model_name: str | None = None) -> dict:
     """Accuracy, loss, per-class accuracy and confusion matrix of a trained model on ``split``."""
     from .engine import evaluate as run_eval
 
     dev = pick_device(device)
     set_threads(threads)
-    model, info = load_model(model_path, dev)
+    model, info, dev = _load(model_path, model_name, dev, data)
     rec = _records_for(info, data)
     if rec.shape != (info.in_shape[1], info.in_shape[2], info.in_shape[0]):
         raise MnistflowError(f"records hold {rec.shape} images but the model takes "
@@ -94,11 +106,12 @@ def predict_arrays(model: torch.nn.Module, info: ModelInfo, images: np.ndarray) 
 
 
 def predict(model_path: str | Path, images: list[str | Path], *, invert: bool | None = False,
-            mnist_style: bool = False, device: str = "cpu") -> list[dict]:
+            mnist_style: bool = False, device: str = "cpu", model_name: str | None = None,
+            data: str | Path | None = None) -> list[dict]:
     """Label and class probabilities for each image (PNG/JPEG files, or IDX files)."""
     from .preprocess import to_model_input
 
-    model, info = load_model(model_path, pick_device(device))
+    model, info, _ = _load(model_path, model_name, pick_device(device), data)
     items = _read_images([Path(p) for p in images])
     if not items:
         raise MnistflowError("no images given")

@@ -2,7 +2,8 @@
 
 ``mnist_style`` follows how the MNIST digits were made: the digit's bounding box is scaled
 to fit 20x20 (aspect kept, anti-aliased), then placed in 28x28 so that its centre of mass
-is at the centre. Polarity: MNIST digits are white on black.
+is at the centre. Polarity: MNIST digits are white on black; ``invert_for`` matches a
+picture to the polarity of any training set (dark or light background).
 """
 from __future__ import annotations
 
@@ -14,6 +15,29 @@ def needs_invert(img: np.ndarray) -> bool:
     g = img if img.ndim == 2 else img.mean(-1)
     border = np.concatenate([g[0], g[-1], g[:, 0], g[:, -1]])
     return float(border.mean()) > 127
+
+
+def invert_for(img: np.ndarray, dark_background: bool = True) -> bool:
+    """Whether ``img`` must be inverted to match training data with a dark (MNIST) or light
+    background; the picture's own background is read from its border."""
+    return needs_invert(img) == dark_background
+
+
+def flatten_alpha(a: np.ndarray) -> np.ndarray:
+    """(H, W, 2) grey+alpha or (H, W, 4) RGBA -> (H, W) or (H, W, 3) uint8.
+
+    Transparent parts become a background that contrasts with the ink (the opaque pixels):
+    white behind dark ink, black behind light ink. A drawing on a transparent canvas keeps
+    its strokes whatever their colour.
+    """
+    a = np.asarray(a)
+    colour = a[..., :-1].astype(np.float32)
+    alpha = a[..., -1:].astype(np.float32) / 255
+    opaque = alpha[..., 0] > 0.5
+    ink_dark = float(colour[opaque].mean()) < 128 if opaque.any() else True
+    out = colour * alpha + (255.0 if ink_dark else 0.0) * (1 - alpha)
+    out = np.clip(out + 0.5, 0, 255).astype(np.uint8)
+    return out[..., 0] if out.shape[-1] == 1 else out
 
 
 def mnist_style(gray: np.ndarray, size: int = 28, box: int = 20) -> np.ndarray:
@@ -42,23 +66,28 @@ def mnist_style(gray: np.ndarray, size: int = 28, box: int = 20) -> np.ndarray:
 
 
 def to_model_input(img: np.ndarray, in_shape: tuple[int, int, int], *, invert: bool | None = None,
-                   mnist: bool = False) -> np.ndarray:
+                   mnist: bool = False, dark_background: bool = True) -> np.ndarray:
     """Any (H, W) or (H, W, C) uint8 image -> (H', W', C') uint8 for a model of ``in_shape``.
 
-    ``invert``: True/False, or None to decide from the picture (only for grey models).
+    ``invert``: True/False, or None to decide from the picture (only for grey models): the
+    picture is inverted when its background differs from the training data's
+    (``dark_background``: True for MNIST's white on black).
     ``mnist``: bounding-box + centre-of-mass placement (grey 28x28 models).
+    An alpha channel is flattened onto a background that contrasts with the ink.
     """
     from PIL import Image
 
     c, h, w = in_shape
     a = np.asarray(img)
-    if a.ndim == 3 and a.shape[2] == 4:
-        a = a[..., :3]
+    if a.ndim == 3 and a.shape[2] in (2, 4):
+        a = flatten_alpha(a)
+    if a.ndim == 3 and a.shape[2] == 1:
+        a = a[..., 0]
     if c == 1:
         g = a if a.ndim == 2 else a.mean(-1)
         g = np.asarray(g, dtype=np.float32)
         if invert is None:
-            invert = needs_invert(g)
+            invert = invert_for(g, dark_background)
         if invert:
             g = 255 - g
         if mnist:

@@ -37,15 +37,21 @@ class FinalizeGuard:
         return {f"param {n}": id(p) for n, p in self.model.named_parameters()} | \
                {f"module {n or type(self.model).__name__}": id(m) for n, m in self.model.named_modules()}
 
-    def _registered(self, module, name, value):
+    def _param_registered(self, module, name, value):
+        # Fires while a new layer builds its own parameters (before it is attached anywhere).
         if value is not None:
-            raise GraphModified(f"{type(value).__name__} '{name}' was created on {type(module).__name__} "
+            raise GraphModified(f"a {type(module).__name__} layer was created during training "
+                                f"(at {_where()}): create every layer in __init__, before training starts")
+
+    def _module_registered(self, module, name, value):
+        if value is not None:
+            raise GraphModified(f"{type(value).__name__} '{name}' was added to {type(module).__name__} "
                                 f"during training (at {_where()}): create every layer in __init__, "
                                 "before training starts")
 
     def __enter__(self):
-        self._handles = [register_module_parameter_registration_hook(self._registered),
-                         register_module_module_registration_hook(self._registered)]
+        self._handles = [register_module_parameter_registration_hook(self._param_registered),
+                         register_module_module_registration_hook(self._module_registered)]
         return self
 
     def __exit__(self, *exc):

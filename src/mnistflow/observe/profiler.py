@@ -81,12 +81,15 @@ def step_breakdown(trace_path: str | Path) -> dict:
     spans = [e for e in events if e.get("ph") == "X" and "dur" in e]
     ours = [e for e in spans if str(e.get("name", "")).startswith("mnistflow/")]
     steps = [e for e in spans if str(e.get("name", "")).startswith("ProfilerStep#")]
-    wall = sum(e["dur"] for e in steps) or (max(e["ts"] + e["dur"] for e in spans) - min(e["ts"] for e in spans))
+    windows = [(e["ts"], e["ts"] + e["dur"]) for e in steps] or \
+        [(min(e["ts"] for e in spans), max(e["ts"] + e["dur"] for e in spans))]
+    wall = sum(b - a for a, b in windows)
     out = {p: 0.0 for p in PHASES}
     for e in ours:
         phase = e["name"].split("/", 1)[1]
-        if phase in out:
-            out[phase] += e["dur"]
+        if phase in out:  # only the part inside the profiled steps (ranges straddle step edges)
+            s, t = e["ts"], e["ts"] + e["dur"]
+            out[phase] += sum(max(0.0, min(t, b) - max(s, a)) for a, b in windows)
     res = {p: 100 * v / wall for p, v in out.items()}
     res["other"] = max(0.0, 100 - sum(res.values()))
     res["wall_ms"] = wall / 1000

@@ -6,10 +6,15 @@ from collections import deque
 
 
 class StarvationWatch:
-    """Looks at the data-wait fraction of the last ``window`` log intervals."""
+    """Looks at the data-wait fraction of the last ``window`` log intervals.
 
-    def __init__(self, threshold: float = 0.10, window: int = 3, stream=None):
-        self.threshold, self.window = threshold, window
+    Only a loader fed through a queue can starve the model. With the resident loader the
+    "wait" is batch assembly on the device itself (reported in every progress line, but no
+    input pipeline to fix), so ``queued=False`` keeps the watch quiet.
+    """
+
+    def __init__(self, threshold: float = 0.10, window: int = 3, stream=None, queued: bool = True):
+        self.threshold, self.window, self.queued = threshold, window, queued
         self.recent: deque[float] = deque(maxlen=window)
         self.stream = stream or sys.stderr
         self.warned = False
@@ -17,7 +22,7 @@ class StarvationWatch:
 
     def on_train_log(self, step: int, logs: dict) -> None:
         self.recent.append(logs["data_wait_frac"])
-        if self.warned or len(self.recent) < self.window:
+        if not self.queued or self.warned or len(self.recent) < self.window:
             return
         frac = sum(self.recent) / len(self.recent)
         if frac > self.threshold:

@@ -1,0 +1,466 @@
+"""Checkpoints: atomic, checksummed, rotated, and loaded strictly into the live objects.
+
+    mnistflow train --recipe fast --run-dir runs/a --checkpoint-every 200   # kill it any time...
+    mnistflow train --resume --run-dir runs/a                               # ...it continues exactly
+    mnistflow train --resume runs/a/checkpoints/step-000400.pt              # or from a given one
+
+A run keeps ``RUN/checkpoints/step-NNNNNN.pt``: the last ``keep`` of them plus the best by
+validation accuracy, and two pointer files, ``last`` and ``best``, naming them.
+
+File format (version 1)::
+
+    MNISTFLOW-CHECKPOINT\\n
+    {"format_version": 1, "payload_bytes": N, "payload_sha256": "...", "step": ..., ...}\\n
+    <N bytes: torch.save() of the payload dict>
+
+The checksum and size are verified before anything is unpickled, so a truncated or corrupted
+file is detected, never loaded. The payload is read with ``torch.load(weights_only=True)``:
+tensors and plain Python values only. A file whose pickle would build other objects (and
+could execute code) is refused. RNG states are stored as tensors and plain numbers for that.
+"""
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import random
+import re
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+
+from .errors import MnistflowError, display
+from .fsutil import atomic_write, atomic_write_text, fsync_dir
+
+MAGIC = b"MNISTFLOW-CHECKPOINT\n"
+FORMAT_VERSION = 1
+CKPT_DIR = "checkpoints"
+_STEP_FILE = re.compile(r"^step-(\d+)\.pt$")
+PAYLOAD_KEYS = ("format_version", "model", "optimizer", "scheduler", "scaler", "rng", "train_state",
+                "config", "data", "model_info")
+SLOW_SAVE_ENV = "MNISTFLOW_TEST_SLOW_SAVE"  # tests: seconds to sleep inside the write window
+
+
+class CorruptCheckpoint(MnistflowError):
+    """A checkpoint file that is truncated, altered or not a checkpoint at all."""
+
+
+def warn(message: str) -> None:
+    sys.stderr.write(f"mnistflow: warning: {message}\n")
+    sys.stderr.flush()
+
+
+# --- RNG states as weights_only-loadable values ------------------------------------------
+
+def rng_state() -> dict:
+    """Python, NumPy, torch CPU and (when present) CUDA generator states, as tensors/numbers."""
+    version, internal, gauss = random.getstate()
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    out = {
+        "python": {"version": version, "state": torch.tensor(internal, dtype=torch.int64),
+                   "gauss": gauss},
+        "numpy": {"name": name, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
+                  "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+    }
+    return out
+
+
+def set_rng_state(s: dict) -> None:
+    p = s["python"]
+    random.setstate((p["version"], tuple(int(v) for v in p["state"].tolist()), p["gauss"]))
+    n = s["numpy"]
+    np.random.set_state((n["name"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"],
+                         n["cached_gaussian"]))
+    torch.set_rng_state(s["torch"])
+    if s.get("cuda") and torch.cuda.is_available():
+        if len(s["cuda"]) != torch.cuda.device_count():
+            warn(f"checkpoint has CUDA RNG states for {len(s['cuda'])} GPU(s), this machine has "
+                 f"{torch.cuda.device_count()}; restoring the common ones")
+        for i, st in enumerate(s["cuda"][: torch.cuda.device_count()]):
+            torch.cuda.set_rng_state(st, i)
+
+
+# --- one file -----------------------------------------------------------------------------
+
+def _serialize(payload: dict) -> bytes:
+    buf = io.BytesIO()
+    torch.save(payload, buf)
+    return buf.getvalue()
+
+
+def write(path: str | Path, payload: dict, meta: dict | None = None) -> Path:
+    """Write ``payload`` atomically (temp file, fsync, rename, fsync dir) with its checksum."""
+    body = _serialize(payload)
+    head = dict(meta or {})
+    head.update(format_version=FORMAT_VERSION, payload_bytes=len(body),
+                payload_sha256=hashlib.sha256(body).hexdigest())
+    header = MAGIC + json.dumps(head, sort_keys=True).encode() + b"\n"
+    slow = float(os.environ.get(SLOW_SAVE_ENV) or 0)
+
+    def _write(f):
+        f.write(header)
+        f.write(body)
+        if slow:  # tests kill the process inside this window (temp file written, not renamed)
+            f.flush()
+            time.sleep(slow)
+
+    atomic_write(path, _write)
+    return Path(path)
+
+
+def read_header(path: str | Path) -> dict:
+    """The JSON header (step, metric, sizes) without reading the payload; not verified."""
+    p = Path(path)
+    try:
+        with open(p, "rb") as f:
+            if f.read(len(MAGIC)) != MAGIC:
+                raise CorruptCheckpoint("not a mnistflow checkpoint (no header)", p)
+            return json.loads(f.readline(1 << 20))
+    except OSError as e:
+        raise CorruptCheckpoint(f"cannot read: {e.strerror}", p) from None
+    except ValueError:
+        raise CorruptCheckpoint("corrupt checkpoint header", p) from None
+
+
+def _read_verified(path: Path) -> tuple[dict, bytes]:
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise MnistflowError("no such file", path) from None
+    except OSError as e:
+        raise CorruptCheckpoint(f"cannot read: {e.strerror}", path) from None
+    if not data.startswith(MAGIC):
+        raise CorruptCheckpoint("not a mnistflow checkpoint (no header)", path)
+    nl = data.find(b"\n", len(MAGIC))
+    try:
+        head = json.loads(data[len(MAGIC):nl])
+        size, digest = int(head["payload_bytes"]), str(head["payload_sha256"])
+    except (ValueError, KeyError, TypeError):
+        raise CorruptCheckpoint("corrupt checkpoint header", path) from None
+    body = data[nl + 1:]
+    if len(body) != size:
+        raise CorruptCheckpoint(f"truncated checkpoint ({len(body):,} of {size:,} payload bytes)", path)
+    if hashlib.sha256(body).hexdigest() != digest:
+        raise CorruptCheckpoint("corrupt checkpoint (sha256 of the payload does not match)", path)
+    if head.get("format_version") != FORMAT_VERSION:
+        raise MnistflowError(f"checkpoint format version {head.get('format_version')} is not "
+                             f"supported (this mnistflow reads version {FORMAT_VERSION})", path)
+    return head, body
+
+
+def safe_torch_load(data: bytes | str | Path, path: str | Path) -> object:
+    """``torch.load(weights_only=True)``; a payload that needs arbitrary pickle is refused."""
+    import pickle
+
+    src = io.BytesIO(data) if isinstance(data, bytes) else str(data)
+    try:
+        return torch.load(src, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        first = str(e).split("Weights only load failed.")[-1].strip().splitlines()
+        why = next((ln.strip() for ln in first if "Unsupported" in ln or "GLOBAL" in ln), "")
+        raise MnistflowError("refused: the file carries a pickle payload that is not plain weights "
+                             "(loading it could execute code)" + (f" [{why}]" if why else ""),
+                             path) from None
+    except (RuntimeError, EOFError, ValueError, OSError) as e:
+        raise CorruptCheckpoint(f"not a readable torch file ({str(e).splitlines()[0][:120]})",
+                                path) from None
+
+
+def load(path: str | Path) -> dict:
+    """The verified payload of a checkpoint (plain dict of tensors and Python values)."""
+    p = Path(path)
+    head, body = _read_verified(p)
+    payload = safe_torch_load(body, p)
+    if not isinstance(payload, dict) or payload.get("format_version") != FORMAT_VERSION:
+        raise CorruptCheckpoint("payload is not a mnistflow checkpoint", p)
+    missing = [k for k in PAYLOAD_KEYS if k not in payload]
+    if missing:
+        raise CorruptCheckpoint(f"checkpoint lacks {', '.join(missing)}", p)
+    payload["header"] = head
+    return payload
+
+
+def verify(path: str | Path) -> dict:
+    """Check size and checksum (no unpickling); returns the header or raises CorruptCheckpoint."""
+    return _read_verified(Path(path))[0]
+
+
+def is_checkpoint_file(path: str | Path) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read(len(MAGIC)) == MAGIC
+    except OSError:
+        return False
+
+
+# --- capture and restore ------------------------------------------------------------------
+
+def capture(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scaler, train_state: dict,
+            config: dict, *, scheduler: dict | None = None, data: dict | None = None,
+            model_info: dict | None = None) -> dict:
+    """Everything needed to continue, as a payload dict. ``model`` must be the unwrapped module."""
+    from .artifacts import unwrap
+
+    return {
+        "format_version": FORMAT_VERSION,
+        "model": {k: v.detach().cpu() for k, v in unwrap(model).state_dict().items()},
+        "optimizer": optimizer.state_dict(),
+        "scheduler": scheduler or {},
+        "scaler": scaler.state_dict() if scaler is not None else None,
+        "rng": rng_state(),
+        "train_state": train_state,
+        "config": config,
+        "data": data or {},
+        "model_info": model_info or {},
+    }
+
+
+def restore(payload: dict, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
+            scaler=None, *, path: str | Path | None = None, rng: bool = True) -> None:
+    """Load ``payload`` into the live objects, strictly: leftover or missing keys are errors."""
+    from .artifacts import unwrap
+
+    where = path or "checkpoint"
+    target = unwrap(model)
+    sd = payload["model"]
+    own = target.state_dict()
+    missing = [k for k in own if k not in sd]
+    unexpected = [k for k in sd if k not in own]
+    shape = [f"{k} {tuple(sd[k].shape)} vs {tuple(own[k].shape)}" for k in own
+             if k in sd and tuple(sd[k].shape) != tuple(own[k].shape)]
+    if missing or unexpected or shape:
+        parts = [f"{label}: {', '.join(v[:4])}{' ...' if len(v) > 4 else ''}"
+                 for label, v in (("missing", missing), ("unexpected", unexpected),
+                                  ("shape mismatch", shape)) if v]
+        raise MnistflowError(f"model weights do not fit ({'; '.join(parts)})", where)
+    target.load_state_dict(sd, strict=True)
+    if optimizer is not None:
+        try:
+            optimizer.load_state_dict(payload["optimizer"])
+        except (ValueError, KeyError, RuntimeError) as e:
+            raise MnistflowError(f"optimizer state does not fit ({str(e).splitlines()[0]})", where) from None
+    if (payload["scaler"] is None) != (scaler is None):
+        have = "has" if payload["scaler"] is not None else "has no"
+        raise MnistflowError(f"checkpoint {have} grad-scaler state but this run "
+                             f"{'uses' if scaler is not None else 'does not use'} one (precision changed?)",
+                             where)
+    if scaler is not None:
+        scaler.load_state_dict(payload["scaler"])
+    if rng:
+        set_rng_state(payload["rng"])
+
+
+# --- a run's checkpoint directory -----------------------------------------------------------
+
+def step_files(folder: str | Path) -> list[tuple[int, Path]]:
+    """(step, path) of every ``step-N.pt`` in ``folder``, oldest first."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    out = []
+    for p in folder.iterdir():
+        m = _STEP_FILE.match(p.name)
+        if m:
+            out.append((int(m.group(1)), p))
+    return sorted(out)
+
+
+def checkpoint_name(step: int) -> str:
+    return f"step-{step:06d}.pt"
+
+
+def find_latest(folder: str | Path, *, quiet: bool = False) -> Path | None:
+    """The newest checkpoint in ``folder`` that verifies; corrupt newer ones are reported
+    (one warning line each, naming the file) and skipped, never loaded."""
+    files = step_files(folder)
+    for i in range(len(files) - 1, -1, -1):
+        step, p = files[i]
+        try:
+            verify(p)
+            return p
+        except CorruptCheckpoint as e:
+            if not quiet:
+                prev = next((q for _, q in reversed(files[:i])), None)
+                warn(f"{display(p)}: {e.detail}; "
+                     + (f"falling back to the previous checkpoint {prev.name}" if prev else
+                        "no earlier checkpoint"))
+    return None
+
+
+def read_pointer(folder: str | Path, name: str) -> Path | None:
+    p = Path(folder) / name
+    try:
+        target = p.read_text().strip()
+    except OSError:
+        return None
+    q = Path(folder) / target
+    return q if target and _STEP_FILE.match(target) and q.is_file() else None
+
+
+@dataclass
+class CheckpointDir:
+    """``RUN/checkpoints``: saves, keep-last-K + best rotation, ``last``/``best`` pointers."""
+
+    folder: Path
+    keep: int = 3
+    best_value: float | None = None
+    best_file: Path | None = None
+
+    def __post_init__(self):
+        self.folder = Path(self.folder)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        for tmp in self.folder.glob(".*.tmp"):  # left by a process killed mid-write
+            try:
+                tmp.unlink()
+            except OSError:
+                pass
+        best = read_pointer(self.folder, "best")
+        if best is not None:
+            try:
+                m = verify(best).get("metric") or {}
+                if m.get("value") is not None:
+                    self.best_value, self.best_file = float(m["value"]), best
+            except CorruptCheckpoint:
+                pass
+
+    def save(self, step: int, payload: dict, metric: dict | None = None, reason: str = "") -> Path:
+        """Write ``step-N.pt``; point ``last`` at it (and ``best`` when ``metric`` is a new best)."""
+        path = self.folder / checkpoint_name(step)
+        ts = payload.get("train_state", {})
+        meta = {"step": step, "epoch": ts.get("epoch"), "step_in_epoch": ts.get("step_in_epoch"),
+                "metric": metric, "reason": reason, "time": time.time()}
+        write(path, payload, meta)
+        atomic_write_text(self.folder / "last", path.name + "\n")
+        if metric is not None and metric.get("value") is not None and \
+                (self.best_value is None or metric["value"] > self.best_value):
+            self.best_value, self.best_file = float(metric["value"]), path
+            atomic_write_text(self.folder / "best", path.name + "\n")
+        self._rotate()
+        return path
+
+    def supersede_after(self, step: int) -> list[Path]:
+        """Move checkpoints newer than ``step`` into ``superseded/`` (resuming from an older one
+        starts a new timeline; its saves must not mix with the abandoned one's)."""
+        moved = []
+        for s, p in step_files(self.folder):
+            if s > step:
+                dest = self.folder / "superseded" / p.name
+                dest.parent.mkdir(exist_ok=True)
+                os.replace(p, dest)
+                moved.append(dest)
+        if moved:
+            fsync_dir(self.folder)
+            if self.best_file is not None and not self.best_file.exists():
+                self._recompute_best()
+        return moved
+
+    def _recompute_best(self) -> None:
+        self.best_value = self.best_file = None
+        for _, p in step_files(self.folder):
+            try:
+                m = read_header(p).get("metric") or {}
+            except CorruptCheckpoint:
+                continue
+            if m.get("value") is not None and (self.best_value is None or m["value"] > self.best_value):
+                self.best_value, self.best_file = float(m["value"]), p
+        if self.best_file is None:
+            (self.folder / "best").unlink(missing_ok=True)
+        else:
+            atomic_write_text(self.folder / "best", self.best_file.name + "\n")
+
+    def _rotate(self) -> None:
+        files = step_files(self.folder)
+        keep = {p for _, p in files[-self.keep:]} if self.keep > 0 else set()
+        if self.best_file is not None:
+            keep.add(self.best_file)
+        removed = False
+        for _, p in files:
+            if p not in keep:
+                p.unlink(missing_ok=True)
+                removed = True
+        if removed:
+            fsync_dir(self.folder)
+
+
+# --- the training hook ------------------------------------------------------------------------
+
+@dataclass
+class Interrupt:
+    """Set by the SIGINT/SIGTERM handlers; the loop saves and stops at the next step end."""
+
+    signum: int = 0
+
+
+@dataclass
+class Checkpointer:
+    """Hook: save every ``every`` steps and/or ``secs`` seconds, after a new best evaluation,
+    and when interrupted. ``payload(state)`` builds the payload (the trainer knows its objects).
+
+    Steps that end an epoch are saved by ``on_epoch_end`` (after the epoch's evaluation and
+    bookkeeping), the last step by the trainer's final save, so every checkpoint is a point
+    where the loop can continue as if it had never stopped.
+    """
+
+    ckpts: CheckpointDir
+    payload: Callable[[object], dict]
+    steps_per_epoch: int
+    every: int | None = None
+    secs: float | None = None
+    metric_split: str = "val"
+    interrupt: Interrupt = field(default_factory=Interrupt)
+    last_path: Path | None = None
+    _eval: tuple[int, float] | None = None
+    _t_last: float = field(default_factory=time.monotonic)
+    _saved_step: int = -1
+
+    def on_eval(self, step: int, logs: dict) -> None:
+        if logs.get("split") == self.metric_split:
+            self._eval = (step, float(logs["acc"]))
+
+    def _metric(self, step: int) -> dict | None:
+        if self._eval is not None and self._eval[0] == step:
+            return {"name": f"{self.metric_split}_acc", "value": self._eval[1], "step": step}
+        return None
+
+    def _due(self, step: int) -> str:
+        if self.interrupt.signum:
+            return "interrupt"
+        if self.every and step % self.every == 0:
+            return "every"
+        if self.secs and time.monotonic() - self._t_last >= self.secs:
+            return "secs"
+        m = self._metric(step)
+        if m is not None and (self.ckpts.best_value is None or m["value"] > self.ckpts.best_value):
+            return "best"
+        return ""
+
+    def on_step_end(self, step: int, state) -> None:
+        if state.step >= state.total_steps or state.step_in_epoch >= self.steps_per_epoch:
+            return  # saved by the final save / on_epoch_end
+        self._maybe_save(state)
+
+    def on_epoch_end(self, state) -> None:
+        if state.step < state.total_steps:
+            self._maybe_save(state)
+
+    def _maybe_save(self, state) -> None:
+        reason = self._due(state.step)
+        if reason and state.step != self._saved_step:
+            self.save(state, reason)
+        if self.interrupt.signum:
+            state.stop, state.stop_reason = True, "interrupted"
+
+    def save(self, state, reason: str = "final") -> Path:
+        self.last_path = self.ckpts.save(state.step, self.payload(state), self._metric(state.step),
+                                         reason)
+        self._saved_step = state.step
+        self._t_last = time.monotonic()
+        return self.last_path

@@ -1,0 +1,217 @@
+"""``mnistflow serve``: the draw-a-digit page and a JSON API for a trained model.
+
+    mnistflow serve runs/fast-20250101-120000            # open http://127.0.0.1:8000/
+    mnistflow serve runs/fast-20250101-120000/model.safetensors --port 8080
+    mnistflow serve model.onnx                           # inference in ONNX Runtime
+    curl -s -H 'Content-Type: image/png' --data-binary @digit.png http://127.0.0.1:8000/api/predict
+    curl -s -H 'Content-Type: application/json' -d '{"pixels": [[0, 255], [255, 0]]}' \\
+         http://127.0.0.1:8000/api/predict
+    curl -s http://127.0.0.1:8000/api/model
+
+Routes: ``GET /`` the page (static files under ``/static``, nothing from the network),
+``POST /api/predict`` (an image body or JSON pixels; see ``inputs`` for the preprocessing
+rule) -> ``{"label", "class_name", "probabilities", "model", "latency_ms", "preprocess"}``,
+plus ``input``, the picture the model saw (H x W or H x W x C), with ``?input=1`` (the page
+shows it); ``GET /api/model``;
+``GET /healthz``. Bad requests get a 4xx and ``{"error": "..."}``; the server keeps serving.
+
+The event loop only reads requests; decoding, preprocessing and inference run in a thread
+pool, so requests are handled concurrently (one intra-op thread per request by default).
+"""
+from __future__ import annotations
+
+import math
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import MnistflowError
+from .inputs import MAX_BODY, BadInput, decode_image, is_json, parse_json, to_input
+from .predictor import Predictor, load_predictor
+
+STATIC = Path(__file__).parent / "static"
+LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
+PAGE_HEADERS = {  # the page may load nothing from elsewhere
+    "Content-Security-Policy": "default-src 'self'; img-src 'self' data: blob:; object-src 'none'; "
+                               "base-uri 'none'; frame-ancestors 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "Cache-Control": "no-cache",
+}
+
+
+def describe(pred: Predictor) -> dict:
+    """What ``GET /api/model`` returns and the page's model panel shows."""
+    info = pred.info
+    c, h, w = info.in_shape
+    metrics = {k: v for k, v in (info.metrics or {}).items()
+               if isinstance(v, (int, float)) and math.isfinite(v)}
+    return {
+        "model": info.model, "dataset": info.dataset, "backend": pred.backend,
+        "params": pred.params, "in_shape": [c, h, w], "input_size": f"{h}x{w}x{c}",
+        "class_names": list(info.class_names), "num_classes": info.num_classes,
+        "test_acc": metrics.get("test_acc"), "val_acc": metrics.get("val_acc"),
+        "background": "dark" if sum(info.mean) / len(info.mean) < 127 else "light",
+        "max_body_bytes": MAX_BODY,
+    }
+
+
+def classify(pred: Predictor, body: bytes, content_type: str, mode: str | None,
+             with_input: bool = False) -> dict:
+    """One request body -> the prediction (runs in a worker thread)."""
+    if is_json(content_type, body):
+        img, json_mode = parse_json(body)
+        mode = json_mode or mode
+    else:
+        img = decode_image(body)
+    x, used = to_input(img, pred.info, mode)
+    p = pred.predict(x[None])[0]
+    if not np.isfinite(p).all():
+        raise RuntimeError("the model returned non-finite probabilities")
+    k = int(p.argmax())
+    res = {"label": k, "class_name": pred.info.class_names[k],
+           "probabilities": [round(float(v), 6) for v in p], "model": pred.info.model,
+           "preprocess": used}
+    if with_input:
+        res["input"] = (x[..., 0] if x.shape[2] == 1 else x).tolist()
+    return res
+
+
+async def read_body(request, limit: int = MAX_BODY) -> bytes:
+    """The request body, refused with 413 past ``limit`` bytes (declared or streamed)."""
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        try:
+            n = int(declared)
+        except ValueError:
+            raise BadInput(400, "bad Content-Length header") from None
+        if n > limit:
+            raise BadInput(413, f"request body of {n:,} bytes: at most {limit:,}")
+    chunks, total = [], 0
+    async for chunk in request.stream():
+        total += len(chunk)
+        if total > limit:
+            raise BadInput(413, f"request body over {limit:,} bytes")
+        chunks.append(chunk)
+    if total == 0:
+        raise BadInput(400, "empty body: send a PNG/JPEG image, or JSON {\"pixels\": [[...]]}")
+    return b"".join(chunks)
+
+
+def create_app(model: str | Path | Predictor, *, threads: int = 1):
+    """The Starlette app for a run directory, model file, ONNX export or a ready ``Predictor``."""
+    try:
+        from starlette.applications import Starlette
+        from starlette.concurrency import run_in_threadpool
+        from starlette.exceptions import HTTPException
+        from starlette.responses import FileResponse, JSONResponse
+        from starlette.routing import Mount, Route
+        from starlette.staticfiles import StaticFiles
+    except ImportError:
+        raise MnistflowError("serving needs starlette and uvicorn: pip install 'mnistflow[serve]'") from None
+
+    pred = model if hasattr(model, "predict") else load_predictor(model, threads)
+    model_json = describe(pred)
+
+    def error(status: int, message: str) -> JSONResponse:
+        return JSONResponse({"error": message, "status": status}, status_code=status)
+
+    async def index(request):
+        return FileResponse(STATIC / "index.html", headers=PAGE_HEADERS)
+
+    async def healthz(request):
+        return JSONResponse({"status": "ok", "model": pred.info.model, "backend": pred.backend})
+
+    async def model_info(request):
+        return JSONResponse(model_json)
+
+    async def predict(request):
+        t0 = time.perf_counter()
+        try:
+            body = await read_body(request)
+            q = request.query_params
+            res = await run_in_threadpool(classify, pred, body, request.headers.get("content-type", ""),
+                                          q.get("preprocess"), q.get("input", "0").lower() in ("1", "true"))
+        except BadInput as e:
+            return error(e.status, e.message)
+        res["latency_ms"] = round(1000 * (time.perf_counter() - t0), 3)
+        return JSONResponse(res)
+
+    async def http_error(request, exc):
+        return error(exc.status_code, exc.detail)
+
+    async def server_error(request, exc):  # a bug, not bad input: say so, keep serving
+        return error(500, f"internal error ({exc.__class__.__name__})")
+
+    routes = [
+        Route("/", index, methods=["GET"]),
+        Route("/healthz", healthz, methods=["GET"]),
+        Route("/api/model", model_info, methods=["GET"]),
+        Route("/api/predict", predict, methods=["POST"]),
+        Mount("/static", StaticFiles(directory=STATIC), name="static"),
+    ]
+    app = Starlette(routes=routes, exception_handlers={HTTPException: http_error, Exception: server_error})
+    app.state.predictor = pred
+    return app
+
+
+def app_from_env():
+    """The app for ``--workers N`` (each worker process loads the model itself)."""
+    return create_app(os.environ["MNISTFLOW_SERVE_MODEL"],
+                      threads=int(os.environ.get("MNISTFLOW_SERVE_THREADS", "1")))
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    try:
+        family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                          flags=socket.AI_PASSIVE)[0]
+        sock = socket.socket(family, kind, proto)  # proto TCP: asyncio then turns Nagle off
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(addr)
+        sock.listen(2048)  # connections queue from now on, before uvicorn starts accepting
+    except (OSError, UnicodeError) as e:
+        raise MnistflowError(f"cannot listen on {host}:{port} ({getattr(e, 'strerror', None) or e})") from None
+    sock.set_inheritable(True)
+    return sock
+
+
+def serve(model: str | Path, host: str = "127.0.0.1", port: int = 8000, *, workers: int = 1,
+          threads: int = 1, access_log: bool = False) -> None:
+    """Serve the page and the API until Ctrl-C. ``host`` other than this machine: a warning."""
+    try:
+        import uvicorn
+    except ImportError:
+        raise MnistflowError("serving needs starlette and uvicorn: pip install 'mnistflow[serve]'") from None
+    if workers < 1 or threads < 1:
+        raise MnistflowError("--workers and --threads must be at least 1")
+    if not 0 <= port <= 65535:
+        raise MnistflowError(f"--port must be in 0..65535 (0: any free port), got {port}")
+    app = create_app(model, threads=threads)  # load once here: a bad model is a one-line error
+    if host not in LOCAL_HOSTS:
+        sys.stderr.write(f"mnistflow: warning: --host {host} lets other machines reach this server; "
+                         "it has no authentication (the default, 127.0.0.1, is this machine only)\n")
+    sock = _bind(host, port)
+    shown = f"[{host}]" if ":" in host else host
+    info = app.state.predictor.info
+    print(f"serving {info.model} ({app.state.predictor.backend}) at http://{shown}:{sock.getsockname()[1]}/"
+          f"  ({workers} worker{'s' * (workers > 1)}; Ctrl-C to stop)", flush=True)
+    common = dict(log_level="warning", access_log=access_log, timeout_graceful_shutdown=5)
+    try:
+        if workers == 1:
+            uvicorn.Server(uvicorn.Config(app, **common)).run(sockets=[sock])
+        else:
+            from uvicorn.supervisors import Multiprocess
+
+            os.environ["MNISTFLOW_SERVE_MODEL"] = str(Path(model).resolve())
+            os.environ["MNISTFLOW_SERVE_THREADS"] = str(threads)
+            config = uvicorn.Config("mnistflow.server.app:app_from_env", factory=True, workers=workers,
+                                    **common)
+            Multiprocess(config, sockets=[sock]).run()
+    except KeyboardInterrupt:  # uvicorn re-raises Ctrl-C after its graceful shutdown
+        pass
+    finally:
+        sock.close()
+    print("stopped", flush=True)

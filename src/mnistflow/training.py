@@ -1,0 +1,573 @@
+"""``mnistflow train``: records -> a trained model in a run directory.
+
+    mnistflow train --recipe softmax                    # the tutorial's softmax regression
+    mnistflow train --recipe seed-cnn --data data/mnist # the tutorial's deep CNN
+    mnistflow train --model "conv5x5x32-relu,maxpool2,fc10" --epochs 1 --json
+
+    mnistflow train --model fast --run-dir runs/a --checkpoint-every 200   # then, after a crash:
+    mnistflow train --resume --run-dir runs/a     # continues bitwise exactly (CPU, same seed)
+
+Run directory (``runs/<name>/``): config.toml, metrics.jsonl, tb/ (TensorBoard), model.safetensors,
+summary.json, checkpoints/ (see ``mnistflow.checkpoint``). The timer starts after setup (data on
+the device, model built, writers open) and stops after the final test evaluation.
+
+Resuming needs only the checkpoint: the learning rate is a pure function of the step and the
+data order a pure function of (seed, epoch), so the loop continues at (epoch, step in epoch)
+with the model, optimizer, scaler and RNG states loaded strictly into the live objects.
+SIGINT/SIGTERM save a checkpoint at the end of the current step and exit (130/143).
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import random
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from . import checkpoint
+from . import config as configmod
+from .artifacts import MODEL_FILE, ModelInfo, info_from_records, save_model, unwrap
+from .config import TrainConfig
+from .data.loader import make_loader
+from .data.records import Records, open_records
+from .engine import TrainState, call, evaluate, train_one_epoch
+from .errors import MnistflowError, display
+from .models import create_model
+from .observe.console import ConsoleLogger
+from .observe.finalize import FinalizeGuard
+from .observe.memory import MemoryWatch, check_fits, estimate_training_mb, gpu_peaks_mb
+from .observe.metrics import MetricsFile
+from .observe.starvation import StarvationWatch
+from .observe.tensorboard import TensorBoardLogger
+from .optim import build_optimizer, lr_factor
+from .runtime import Amp, pick_device, pick_precision, set_threads, tune_malloc
+
+
+def resolve_records(cfg: TrainConfig) -> Records:
+    """The record set to train on: a records dir, or raw data prepared into the cache once."""
+    from .prep import prepare
+
+    quiet = cfg.quiet or cfg.json
+    path = prepare(cfg.dataset, cfg.data, quiet=quiet)
+    return open_records(path)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def default_run_dir(cfg: TrainConfig) -> Path:
+    name = (cfg.recipe or cfg.model).replace("/", "_")
+    if "," in name:
+        name = "spec"
+    return Path("runs") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+@dataclass
+class PeriodicEval:
+    """Validation every ``every`` steps (or at epoch ends), and the early stop at the target."""
+
+    run: "Run"
+    every: int | None
+
+    def on_step_end(self, step: int, state: TrainState) -> None:
+        if self.every and step % self.every == 0:
+            self.run.validate(step, state)
+
+
+@dataclass
+class Run:
+    """Everything ``fit`` wires together; methods are the steps of the run."""
+
+    cfg: TrainConfig
+    rec: Records
+    device: torch.device
+    precision: str
+    model: torch.nn.Module
+    raw_model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    train_loader: object
+    val_loader: object | None
+    test_loader: object | None
+    amp: Amp
+    run_dir: Path
+    hooks: list = field(default_factory=list)
+    console: ConsoleLogger | None = None
+    t_start: float = 0.0
+    time_to_target: float | None = None
+
+    def validate(self, step: int, state: TrainState, split: str | None = None) -> dict:
+        split = split or ("val" if self.val_loader is not None else "test")
+        loader = self.val_loader if split == "val" else self.test_loader
+        t0 = time.perf_counter()
+        # The plain module: under torch.compile the train/eval switch would recompile.
+        res = evaluate(self.raw_model, loader, self.amp, self.rec.num_classes)
+        res.update(split=split, eval_s=time.perf_counter() - t0)
+        state.metrics[f"{split}_acc"] = res["acc"]
+        state.metrics[f"{split}_loss"] = res["loss"]
+        call(self.hooks, "on_eval", step, res)
+        cfg = self.cfg
+        if cfg.target_acc is not None and self.time_to_target is None:
+            tsplit = cfg.target_split
+            if tsplit != split and split == "val":  # target on test: measure test too
+                return self.validate(step, state, "test") and res
+            if split == tsplit and res["acc"] >= cfg.target_acc:
+                self.time_to_target = time.perf_counter() - self.t_start
+                state.stop, state.stop_reason = True, "target"
+        return res
+
+
+def _build(cfg: TrainConfig, run_dir: Path) -> Run:
+    device = pick_device(cfg.device)
+    threads = set_threads(cfg.threads) if device.type == "cpu" else set_threads(cfg.threads or 2)
+    if device.type == "cpu":
+        tune_malloc()
+    precision = pick_precision(cfg.precision, device)
+    rec = resolve_records(cfg)
+    h, w, c = rec.shape
+    n_train = rec.meta["splits"]["train"]
+    if cfg.batch_size > n_train:
+        raise MnistflowError(f"--batch-size {cfg.batch_size} is larger than the training set "
+                             f"({n_train:,} images)", rec.path)
+    seed_everything(cfg.seed)
+    model = create_model(cfg.model, (c, h, w), rec.num_classes)
+    memfmt = torch.channels_last if cfg.channels_last else torch.contiguous_format
+    model = model.to(device=device, memory_format=memfmt)
+    raw_model = model
+    _preflight_memory(cfg, rec, model, (c, h, w))
+    optimizer = build_optimizer(cfg.optimizer, model.parameters(), cfg.lr, momentum=cfg.momentum,
+                                nesterov=cfg.nesterov, weight_decay=cfg.weight_decay)
+    drop_last = cfg.drop_last
+    if cfg.compile:
+        torch._logging.set_logs(recompiles=True)  # a recompilation is reported with its reason
+        model = torch.compile(model)
+        drop_last = True  # a short last batch would recompile
+    delay = float(os.environ.get("MNISTFLOW_INJECT_DATA_DELAY", 0) or 0)  # tests: a slow reader
+    common = dict(device=device, channels_last=cfg.channels_last, resident="no" if delay else cfg.resident)
+    train_loader = make_loader(rec, "train", batch_size=cfg.batch_size, seed=cfg.seed,
+                               drop_last=drop_last, augment=cfg.augment, delay_s=delay, **common)
+    val_loader = (make_loader(rec, "val", batch_size=cfg.eval_batch_size, train=False, **common)
+                  if rec.has("val") else None)
+    test_loader = (make_loader(rec, "test", batch_size=cfg.eval_batch_size, train=False, **common)
+                   if rec.has("test") else None)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return Run(cfg, rec, device, precision, model, raw_model, optimizer, train_loader, val_loader,
+               test_loader, Amp.create(precision, device), run_dir)
+
+
+def _preflight_memory(cfg: TrainConfig, rec: Records, model: torch.nn.Module, in_shape) -> None:
+    """Refuse, before any work, a setting whose memory estimate would make the machine swap."""
+    splits = [rec.split(s)[0] for s in ("train", "val", "test") if rec.has(s)]
+    data_bytes = 0 if cfg.resident == "no" else sum(a.nbytes for a in splits) * (1 + rec.variants)
+    opt_states = {"adam": 2, "adamw": 2, "adadelta": 2, "momentum": 1, "rmsprop": 1, "adagrad": 1}
+    est = estimate_training_mb(model, in_shape, cfg.batch_size, data_bytes,
+                               opt_states.get(cfg.optimizer, 0))
+    check_fits(est, cfg.memory_cap_mb, f"--batch-size {cfg.batch_size} with model {cfg.model}")
+
+
+def _warm_up(run: Run) -> None:
+    """One throw-away forward/backward outside the timer: first-call costs (oneDNN kernel
+    selection, lazy imports in the optimizer) are paid in setup, not charged to training."""
+    xb = next(iter(run.train_loader))[0][:2]
+    state = {k: v.clone() for k, v in run.raw_model.state_dict().items()}
+    with run.amp.autocast():
+        run.model(xb).float().sum().backward()
+    run.raw_model.load_state_dict(state)  # BN statistics back to their initial values
+    run.optimizer.zero_grad(set_to_none=True)
+    run.train_loader.stats.__init__()
+
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """SIGINT/SIGTERM during training: a checkpoint was saved; exit code 128 + signal."""
+
+    def __init__(self, signum: int, step: int, path: Path | None, run_dir: Path):
+        self.signum, self.step, self.path, self.run_dir = signum, step, path, run_dir
+        self.exit_code = 128 + signum
+        name = signal.Signals(signum).name
+        saved = f"checkpoint saved: {display(path)}" if path else "no checkpoint (checkpoints are off)"
+        super().__init__(f"interrupted by {name} at step {step}; {saved}; continue with: "
+                         f"mnistflow train --resume --run-dir {display(run_dir)}")
+
+
+# Settings that change the model or the data (its content or order): a resume that changes
+# them would not continue the same run, so it is refused. Others (epochs, lr, ...) may change.
+RESUME_IDENTITY = ("model", "seed", "batch_size", "drop_last", "augment", "optimizer")
+
+
+def data_fingerprint(rec: Records) -> dict:
+    files = rec.meta.get("files") or {}
+    return {"name": rec.name, "records": str(Path(rec.path).resolve()), "shape": list(rec.shape),
+            "splits": dict(rec.meta.get("splits", {})), "variants": rec.variants,
+            "sha256": hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()}
+
+
+def resume_differences(old: dict, cfg: TrainConfig, old_data: dict | None = None,
+                       data: dict | None = None) -> list[str]:
+    """``key: old -> new`` for each setting that changes the model or data."""
+    diffs = [f"{k}: {old.get(k)} -> {getattr(cfg, k)}" for k in RESUME_IDENTITY
+             if k in old and old.get(k) != getattr(cfg, k)]
+    if old_data and data and old_data.get("sha256") != data["sha256"]:
+        diffs.append(f"data: {old_data.get('name')} ({old_data.get('sha256', '')[:8]}) -> "
+                     f"{data['name']} ({data['sha256'][:8]})")
+    return diffs
+
+
+def _newest_run_with_checkpoints(root: Path = Path("runs")) -> Path | None:
+    runs = [d for d in root.glob("*") if (d / checkpoint.CKPT_DIR).is_dir()] if root.is_dir() else []
+    return max(runs, key=lambda d: (d / checkpoint.CKPT_DIR).stat().st_mtime, default=None)
+
+
+def locate_resume(resume: str | os.PathLike | bool, run_dir: str | os.PathLike | None,
+                  *, quiet: bool = False) -> tuple[Path | None, Path]:
+    """(checkpoint to resume from or None, run directory) for ``--resume [PATH]``.
+
+    ``latest`` (no PATH) takes the newest valid checkpoint of ``run_dir`` (or of the newest
+    run under ./runs); None there means start from step 0. An explicit PATH (a checkpoint, a
+    run directory or its checkpoints/) must hold a valid checkpoint.
+    """
+    if resume is True or str(resume) in ("latest", "last", ""):
+        rd = Path(run_dir) if run_dir else _newest_run_with_checkpoints()
+        if rd is None:
+            raise MnistflowError("nothing to resume: no --run-dir given and no run with checkpoints "
+                                 "under ./runs (pass --run-dir RUN or --resume PATH)")
+        return checkpoint.find_latest(rd / checkpoint.CKPT_DIR, quiet=quiet), rd
+    p = Path(resume)
+    if p.is_dir():
+        folder = p if p.name == checkpoint.CKPT_DIR else p / checkpoint.CKPT_DIR
+        found = checkpoint.find_latest(folder, quiet=quiet)
+        if found is None:
+            raise MnistflowError("no valid checkpoint to resume from", folder)
+        rd = folder.parent
+    elif p.is_file():
+        found = p
+        rd = p.parent.parent if p.parent.name == checkpoint.CKPT_DIR else p.parent
+    else:
+        raise MnistflowError("no such checkpoint or run directory", p)
+    return found, Path(run_dir) if run_dir else rd
+
+
+def _truncate_metrics(path: Path, step: int) -> None:
+    """Drop records after ``step`` (logged by the interrupted process after its last
+    checkpoint; the resumed run logs them again) and any torn last line."""
+    if not path.is_file():
+        return
+    keep = []
+    for line in path.read_text().splitlines():
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(rec, dict) and rec.get("step", 0) <= step:
+            keep.append(line)
+    from .fsutil import atomic_write_text
+
+    atomic_write_text(path, "".join(ln + "\n" for ln in keep))
+
+
+def _model_info(run: Run, state: TrainState) -> ModelInfo:
+    return info_from_records(run.cfg.model, run.rec, {k: v for k, v in state.metrics.items()})
+
+
+def _payload(run: Run, state: TrainState, lr_at) -> dict:
+    ts = {"step": state.step, "epoch": state.epoch, "step_in_epoch": state.step_in_epoch,
+          "samples": state.samples, "stop_reason": state.stop_reason, "metrics": dict(state.metrics)}
+    return checkpoint.capture(
+        run.raw_model, run.optimizer, run.amp.scaler, ts, configmod.to_dict(dataclasses.replace(run.cfg, resume=None)),
+        scheduler={"schedule": run.cfg.schedule, "step": state.step, "total_steps": state.total_steps,
+                   "lr": lr_at(state.step), "note": "the learning rate is a pure function of the step"},
+        data=data_fingerprint(run.rec), model_info=dataclasses.asdict(_model_info(run, state)))
+
+
+def _restore(run: Run, state: TrainState, payload: dict, path: Path) -> None:
+    checkpoint.restore(payload, run.raw_model, run.optimizer, run.amp.scaler, path=path)
+    ts = payload["train_state"]
+    state.step, state.epoch, state.step_in_epoch = ts["step"], ts["epoch"], ts["step_in_epoch"]
+    state.samples, state.metrics = ts["samples"], dict(ts["metrics"])
+    state.stop_reason = ts.get("stop_reason") if ts.get("stop_reason") == "target" else ""
+    state.stop = state.stop_reason == "target"
+
+
+class _SignalHandlers:
+    """SIGINT/SIGTERM set a flag the checkpoint hook acts on at the end of the step; a second
+    signal stops at once. Installed only in the main thread, restored on exit."""
+
+    def __init__(self, interrupt: checkpoint.Interrupt):
+        self.interrupt = interrupt
+        self.old: dict = {}
+
+    def _handle(self, signum, frame):
+        if self.interrupt.signum:
+            raise KeyboardInterrupt
+        self.interrupt.signum = signum
+        sys.stderr.write(f"mnistflow: {signal.Signals(signum).name}: saving a checkpoint at the end of "
+                         "this step, then stopping (again to stop at once)\n")
+        sys.stderr.flush()
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self.old[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc):
+        for sig, h in self.old.items():
+            signal.signal(sig, h)
+
+
+def fit(cfg: TrainConfig) -> dict:
+    """Train as configured; returns the run summary (the ``--json`` object).
+
+    With ``cfg.resume`` (``latest`` or a path) the run continues from a checkpoint; otherwise a
+    run directory that already holds checkpoints is refused (nothing is overwritten).
+    """
+    configmod.validate(cfg)
+    resume_path: Path | None = None
+    payload = None
+    if cfg.resume:
+        resume_path, run_dir = locate_resume(cfg.resume, cfg.run_dir)
+        if resume_path is not None:
+            payload = checkpoint.load(resume_path)
+            diffs = resume_differences(payload["config"], cfg)
+            if diffs:
+                raise MnistflowError("cannot resume with a different model or data: " + "; ".join(diffs),
+                                     resume_path)
+        else:
+            sys.stderr.write(f"mnistflow: note: no checkpoint in {display(run_dir)}; starting from step 0\n")
+    else:
+        run_dir = Path(cfg.run_dir) if cfg.run_dir else default_run_dir(cfg)
+        if checkpoint.step_files(run_dir / checkpoint.CKPT_DIR):
+            raise MnistflowError("this run directory already holds checkpoints: continue it with "
+                                 "--resume, or pick another --run-dir", run_dir)
+    run = _build(cfg, run_dir)
+    if payload is not None:
+        diffs = resume_differences(payload["config"], cfg, payload.get("data"), data_fingerprint(run.rec))
+        if diffs:
+            raise MnistflowError("cannot resume with a different model or data: " + "; ".join(diffs),
+                                 resume_path)
+    cfg_path = run.run_dir / "config.toml"
+    configmod.save_toml(cfg, cfg_path)
+    steps_per_epoch = len(run.train_loader)
+    total = max(1, math.ceil(cfg.epochs * steps_per_epoch))
+    if cfg.max_steps:
+        total = min(total, cfg.max_steps)
+    start_step = payload["train_state"]["step"] if payload is not None else 0
+    if cfg.resume:
+        _truncate_metrics(run.run_dir / "metrics.jsonl", start_step)
+    console = ConsoleLogger(total, quiet=cfg.quiet)
+    metrics = MetricsFile(run.run_dir / "metrics.jsonl")
+    tb = TensorBoardLogger(run.run_dir / "tb") if cfg.tensorboard else None
+    if tb is not None and cfg.resume:
+        try:  # events after the checkpoint's step are superseded by the resumed run's
+            from torch.utils.tensorboard import SummaryWriter
+
+            tb._w = SummaryWriter(str(tb.logdir), purge_step=start_step + 1)
+        except ImportError:
+            pass
+    if tb is not None:
+        tb.writer  # open it (and pay its import) before the timer starts
+    from .data.loader import StreamLoader
+
+    memwatch = MemoryWatch(run.device)
+    starvation = StarvationWatch(queued=isinstance(run.train_loader, StreamLoader))
+    guard = FinalizeGuard(run.raw_model)
+    # memwatch first: it adds rss_mb to the logs the others write.
+    run.hooks = [h for h in (memwatch, starvation, console, metrics, tb) if h is not None]
+    run.hooks += [guard, PeriodicEval(run, cfg.eval_every)]
+    profiler = None
+    if cfg.profile_steps:
+        from .observe.profiler import ProfilerHook, parse_steps
+
+        profiler = ProfilerHook(run.run_dir / "profile", *parse_steps(cfg.profile_steps), run.device)
+        run.hooks.append(profiler)
+    lr_at = lambda step: cfg.lr * lr_factor(step, total, cfg.schedule, warmup=cfg.warmup,  # noqa: E731
+                                            steps_per_epoch=steps_per_epoch,
+                                            step_every=cfg.step_every, gamma=cfg.step_gamma)
+    ckpt = None
+    if cfg.keep_checkpoints > 0:
+        ckpt = checkpoint.Checkpointer(
+            checkpoint.CheckpointDir(run.run_dir / checkpoint.CKPT_DIR, cfg.keep_checkpoints),
+            lambda st: _payload(run, st, lr_at), steps_per_epoch, every=cfg.checkpoint_every,
+            secs=cfg.checkpoint_secs, metric_split="val" if run.val_loader is not None else "test")
+        run.hooks.append(ckpt)  # after PeriodicEval: a checkpoint includes this step's evaluation
+    run.console = console
+    console.message(
+        f"training {cfg.model} on {run.rec.name} ({run.rec.meta['splits']['train']:,} images, "
+        f"{run.rec.num_classes} classes) | {run.device} {run.precision}"
+        f"{' channels_last' if cfg.channels_last else ''} threads={torch.get_num_threads()} | "
+        f"batch {cfg.batch_size} x {total} steps | {run.run_dir}")
+    if cfg.init_from and payload is None:
+        _init_from(run, cfg, console)
+    _warm_up(run)
+    state = TrainState(total_steps=total)
+    if payload is not None:
+        _restore(run, state, payload, resume_path)
+        console.message(f"resumed from {display(resume_path)}: step {state.step}, epoch {state.epoch} "
+                        f"+ {state.step_in_epoch} batches")
+    if ckpt is not None and cfg.resume:
+        moved = ckpt.ckpts.supersede_after(state.step)
+        if moved:
+            console.message(f"moved {len(moved)} checkpoint(s) newer than step {state.step} to "
+                            f"{display(moved[0].parent)}")
+    start_samples = state.samples
+    run.t_start = time.perf_counter()
+    # Without checkpoints there is nothing to save: signals keep their default behaviour.
+    with _SignalHandlers(ckpt.interrupt) if ckpt is not None else contextlib.nullcontext(), guard:
+        while not state.stop and state.step < total:
+            run.train_loader.set_epoch(state.epoch, state.step_in_epoch)
+            train_one_epoch(run.model, run.train_loader, run.optimizer, state, amp=run.amp, lr_at=lr_at,
+                            label_smoothing=cfg.label_smoothing, log_every=cfg.log_every,
+                            hooks=run.hooks, max_steps=total)
+            if state.stop_reason == "interrupted":
+                break
+            epoch_done = state.step_in_epoch >= steps_per_epoch
+            if not cfg.validate:
+                pass
+            elif not cfg.eval_every and (epoch_done or state.step >= total) and not state.stop_reason == "target":
+                run.validate(state.step, state)
+            elif state.step >= total and cfg.eval_every and state.step % cfg.eval_every:
+                run.validate(state.step, state)
+            if epoch_done:
+                state.epoch += 1
+                state.step_in_epoch = 0
+            if ckpt is not None:
+                ckpt.on_epoch_end(state)
+    if state.stop_reason == "interrupted":
+        metrics.close()
+        if tb is not None:
+            tb.close()
+        raise TrainingInterrupted(ckpt.interrupt.signum, state.step, ckpt.last_path, run.run_dir)
+    test = None
+    if run.test_loader is not None:
+        test = run.validate(state.step, state, "test") if "test_acc" not in state.metrics or \
+            cfg.target_split != "test" else {"acc": state.metrics["test_acc"]}
+    wall = time.perf_counter() - run.t_start
+    if profiler is not None:
+        profiler.close()
+        console.message(profiler.report or f"profiler: the run ended before step {profiler.stop}; "
+                                            "nothing was recorded")
+    if ckpt is not None:
+        ckpt.save(state, "final")
+    warnings = [w for w in (starvation.message, memwatch.leak_message) if w]
+    return _finish(run, state, wall, test, metrics, tb, state.samples - start_samples,
+                   resumed_from=resume_path, checkpoint_path=ckpt.last_path if ckpt else None,
+                   warnings=warnings)
+
+
+def _init_from(run: Run, cfg: TrainConfig, console: ConsoleLogger) -> None:
+    """Start from the named arrays of an npz (``--init-from``, selected by ``--init-only``)."""
+    from .exporting import load_npz_into
+
+    p = Path(cfg.init_from)
+    if p.suffix.lower() != ".npz":
+        raise MnistflowError("--init-from takes an npz of name -> array "
+                             "(make one with: mnistflow export RUN --format npz)", p)
+    report = load_npz_into(run.raw_model, p, only=cfg.init_only)
+    if not report.loaded:
+        raise MnistflowError(f"no parameter of the model was restored ({report.problems()})", p)
+    console.message(report.format())
+
+
+def _peak_rss_mb() -> float:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+
+
+def _finish(run: Run, state: TrainState, wall: float, test, metrics, tb, samples: int,
+            resumed_from: Path | None = None, checkpoint_path: Path | None = None,
+            warnings: list | None = None) -> dict:
+    cfg = run.cfg
+    save_model(run.run_dir / MODEL_FILE, run.raw_model, _model_info(run, state))
+    stats = run.train_loader.stats
+    summary = {
+        "wall_s": round(wall, 3),
+        "time_to_target_s": None if run.time_to_target is None else round(run.time_to_target, 3),
+        "epochs": round(state.epoch + state.step_in_epoch / max(len(run.train_loader), 1), 3),
+        "steps": state.step,
+        "img_per_s": round(samples / wall, 1) if wall > 0 else None,
+        "data_wait_frac": round(stats.wait_s / wall, 4) if wall > 0 else None,
+        "peak_rss_mb": round(_peak_rss_mb(), 1),
+        **{k: round(v, 1) for k, v in gpu_peaks_mb(run.device).items()},
+        "val_acc": state.metrics.get("val_acc"),
+        "test_acc": state.metrics.get("test_acc"),
+        "stop_reason": state.stop_reason or ("max_steps" if cfg.max_steps and state.step >= cfg.max_steps
+                                             else "epochs"),
+        "model": cfg.model,
+        "precision": run.precision,
+        "device": str(run.device),
+        "threads": torch.get_num_threads(),
+        "run_dir": str(run.run_dir),
+        "resumed_from": None if resumed_from is None else str(resumed_from),
+        "checkpoint": None if checkpoint_path is None else str(checkpoint_path),
+        "warnings": warnings or [],
+    }
+    if tb is not None:
+        xb = next(iter(run.val_loader or run.test_loader))[0][:1]
+        tb.add_graph(run.raw_model.eval(), xb)
+        tb.close()
+    metrics.close()
+    from .fsutil import atomic_write_text
+
+    atomic_write_text(run.run_dir / "summary.json", json.dumps(summary, indent=1) + "\n")
+    if run.console is not None:
+        run.console.message(end_of_run_table(summary, cfg.target_acc))
+    if cfg.json:
+        print(json.dumps(summary))
+    return summary
+
+
+def end_of_run_table(s: dict, target: float | None) -> str:
+    """The short fixed-width table every run ends with."""
+    pct = lambda v: "-" if v is None else f"{100 * v:.2f}%"  # noqa: E731
+    rows = [("wall time", f"{s['wall_s']:.2f} s")]
+    if target is not None:
+        ttt = s["time_to_target_s"]
+        rows.append((f"time to {100 * target:.2f}%", "not reached" if ttt is None else f"{ttt:.2f} s"))
+    rows += [("throughput", f"{s['img_per_s']:,.0f} img/s"),
+             ("data wait", pct(s["data_wait_frac"])),
+             ("peak memory", f"{s['peak_rss_mb']:,.0f} MB RSS"),
+             ("val accuracy", pct(s["val_acc"])),
+             ("test accuracy", pct(s["test_acc"])),
+             ("run directory", s["run_dir"])]
+    w = max(len(k) for k, _ in rows)
+    line = "-" * (w + 3 + max(len(v) for _, v in rows))
+    return "\n".join([line] + [f"{k:<{w}}   {v}" for k, v in rows] + [line])
+
+
+def train(config: str | Path | None = None, **overrides) -> dict:
+    """Python twin of ``mnistflow train``: ``train(recipe="seed-cnn", epochs=2)``."""
+    from .recipes import get_recipe
+
+    file = configmod.load_toml(config) if config else None
+    recipe_name = overrides.get("recipe") or (file or {}).get("recipe")
+    recipe = get_recipe(recipe_name) if recipe_name else None
+    for k in ("data", "run_dir", "resume", "init_from"):
+        if isinstance(overrides.get(k), os.PathLike):
+            overrides[k] = str(overrides[k])
+    if overrides.get("resume") is True:
+        overrides["resume"] = "latest"
+    resume = overrides.get("resume") or (file or {}).get("resume")
+    if resume:
+        # The checkpoint's configuration is the base; what is given explicitly overrides it.
+        path, rd = locate_resume(resume, overrides.get("run_dir") or (file or {}).get("run_dir"), quiet=True)
+        if not overrides.get("run_dir"):
+            overrides["run_dir"] = str(rd)
+        if path is not None:
+            known = configmod.field_names() - {"resume", "run_dir"}
+            base = {k: v for k, v in checkpoint.load(path)["config"].items() if k in known}
+            recipe = {**base, **(recipe or {})}
+    cfg = configmod.resolve(recipe, file, overrides)
+    return fit(cfg)

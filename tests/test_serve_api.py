@@ -1,0 +1,379 @@
+"""``mnistflow serve``: the JSON API on a real uvicorn server (127.0.0.1, a free port).
+
+A ``fast`` model is trained once for every serve test (this file and test_serve_browser.py);
+each bad input gets a 4xx with a JSON error and the server keeps serving.
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import socket
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx  # the dev extra
+import numpy as np
+import pytest
+
+from conftest import MNIST_DIR, assert_one_line_error, run_cli
+
+_TRAINED: dict = {}
+
+
+@pytest.fixture(scope="session")
+def serve_model(mnist_records, tmp_path_factory):
+    """A run directory with a ``fast`` model trained for one epoch (~98.5% test accuracy).
+
+    Cached in the module so that test_serve_browser.py, which imports this fixture, shares
+    the one training run."""
+    if "run" not in _TRAINED:
+        from mnistflow.training import train
+
+        run = tmp_path_factory.mktemp("serve") / "run"
+        s = train(recipe="fast", epochs=1, data=mnist_records, run_dir=run, quiet=True, threads=1,
+                  tensorboard=False)
+        assert s["test_acc"] >= 0.975, s
+        _TRAINED["run"] = run
+    return _TRAINED["run"]
+
+
+def real_digits(n: int, start: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """``n`` real MNIST test digits (uint8 (n, 28, 28)) and their labels."""
+    from mnistflow.data.idx import read_idx
+
+    x = read_idx(MNIST_DIR / "t10k-images-idx3-ubyte.gz")[start:start + n]
+    y = read_idx(MNIST_DIR / "t10k-labels-idx1-ubyte.gz")[start:start + n]
+    return x, y
+
+
+
+@contextlib.contextmanager
+def running(app):
+    """Serve ``app`` with uvicorn in a thread on a free 127.0.0.1 port; yields the base URL."""
+    import uvicorn
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)  # TCP_NODELAY
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2))
+    t = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    t.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert t.is_alive() and time.monotonic() < deadline, "the server did not start"
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        t.join(10)
+        sock.close()
+
+
+@pytest.fixture(scope="module")
+def client(serve_model):
+    from mnistflow.server import create_app
+
+    with running(create_app(serve_model)) as url, httpx.Client(base_url=url, timeout=30) as c:
+        yield c
+
+
+def png(a: np.ndarray, fmt: str = "PNG", **kw) -> bytes:
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.fromarray(a).save(buf, fmt, **kw)
+    return buf.getvalue()
+
+
+def drawing(digit: np.ndarray, size: int = 280) -> np.ndarray:
+    """A 28x28 MNIST digit as a user's drawing: black ink on white, ``size`` pixels square."""
+    from PIL import Image
+
+    return 255 - np.asarray(Image.fromarray(digit).resize((size, size), Image.BILINEAR))
+
+
+def assert_ok(r) -> dict:
+    assert r.status_code == 200, (r.status_code, r.text)
+    d = r.json()
+    assert {"label", "class_name", "probabilities", "model", "latency_ms", "preprocess"} <= set(d)
+    assert abs(sum(d["probabilities"]) - 1) < 1e-3 and d["latency_ms"] > 0
+    return d
+
+
+# --- what works -------------------------------------------------------------------------
+
+def test_health_and_model(client):
+    assert client.get("/healthz").json()["status"] == "ok"
+    m = client.get("/api/model").json()
+    assert m["model"] == "fast" and m["backend"] == "pytorch" and m["dataset"] == "mnist"
+    assert m["in_shape"] == [1, 28, 28] and m["input_size"] == "28x28x1"
+    assert m["class_names"] == [str(i) for i in range(10)] and m["params"] > 10_000
+    assert 0.97 < m["test_acc"] <= 1 and m["background"] == "dark"
+
+
+def test_page_and_static_files(client):
+    r = client.get("/")
+    assert r.status_code == 200 and "text/html" in r.headers["content-type"]
+    assert "default-src 'self'" in r.headers["content-security-policy"]
+    for name in ("app.js", "style.css"):
+        assert name in r.text and client.get(f"/static/{name}").status_code == 200
+    assert "http://" not in r.text and "https://" not in r.text  # nothing from the network
+    assert "https://" not in client.get("/static/app.js").text
+
+
+def test_pixels_at_model_size_used_as_is(client):
+    x, y = real_digits(20)
+    labels = []
+    for a in x:
+        d = assert_ok(client.post("/api/predict?input=1", json={"pixels": a.tolist()}))
+        assert d["preprocess"] == "none" and d["input"] == a.tolist() and d["model"] == "fast"
+        assert d["class_name"] == str(d["label"])
+        labels.append(d["label"])
+    assert (np.array(labels) == y).sum() >= 19
+
+
+def test_drawings_get_mnist_preprocessing(client):
+    """Black-on-white pictures of any size: cropped, 20x20, centred by mass, inverted."""
+    x, y = real_digits(20, start=100)
+    labels = []
+    for a in x:
+        d = assert_ok(client.post("/api/predict?input=1", content=png(drawing(a)),
+                                  headers={"Content-Type": "image/png"}))
+        seen = np.array(d["input"], np.float64)
+        assert d["preprocess"] == "mnist" and seen.shape == (28, 28)
+        assert seen[0].max() == 0 and seen[:, 0].max() == 0  # white on black, like MNIST
+        iy, ix = np.indices(seen.shape)
+        assert abs((seen * iy).sum() / seen.sum() - 14) < 1 and abs((seen * ix).sum() / seen.sum() - 14) < 1
+        labels.append(d["label"])
+    assert (np.array(labels) == y).sum() >= 18
+    # the same drawing as JSON pixels (another size than the model's) is treated the same way
+    d = assert_ok(client.post("/api/predict", json={"pixels": drawing(x[0], 56).tolist()}))
+    assert d["preprocess"] == "mnist" and d["label"] == y[0]
+    assert "input" not in d  # only with ?input=1
+
+
+def test_jpeg_transparent_png_and_white_on_black(client):
+    x, y = real_digits(3, start=200)
+    d = assert_ok(client.post("/api/predict", content=png(drawing(x[0]), "JPEG", quality=90),
+                              headers={"Content-Type": "image/jpeg"}))
+    assert d["label"] == y[0]
+    rgba = np.zeros((140, 140, 4), np.uint8)  # black ink on a transparent canvas
+    rgba[..., 3] = 255 - drawing(x[1], 140)
+    d = assert_ok(client.post("/api/predict", content=png(rgba), headers={"Content-Type": "image/png"}))
+    assert d["label"] == y[1]
+    d = assert_ok(client.post("/api/predict?preprocess=mnist&input=true",
+                              content=png(255 - drawing(x[2])), headers={"Content-Type": "application/octet-stream"}))
+    assert d["label"] == y[2] and np.array(d["input"])[0].max() == 0
+
+
+def test_requests_are_handled_concurrently(serve_model):
+    """8 requests to a predictor that takes 0.3 s each finish in well under 8 x 0.3 s."""
+    from mnistflow.server import create_app, load_predictor
+
+    class Slow:
+        def __init__(self, inner):
+            self.inner, self.info, self.backend, self.params = inner, inner.info, inner.backend, inner.params
+
+        def predict(self, batch):
+            time.sleep(0.3)
+            return self.inner.predict(batch)
+
+    x, _ = real_digits(8)
+    with running(create_app(Slow(load_predictor(serve_model)))) as url, \
+            httpx.Client(base_url=url, timeout=30, limits=httpx.Limits(max_connections=8)) as c:
+        t0 = time.perf_counter()
+        with ThreadPoolExecutor(8) as ex:
+            codes = list(ex.map(lambda a: c.post("/api/predict", json={"pixels": a.tolist()}).status_code, x))
+        wall = time.perf_counter() - t0
+    assert codes == [200] * 8 and wall < 1.5, wall
+
+
+# --- what is refused ----------------------------------------------------------------------
+
+def _bad_png_bomb() -> bytes:
+    """A small PNG that claims 20000 x 20000 pixels."""
+    import struct
+    import zlib
+
+    def chunk(kind, data):
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", 20000, 20000, 8, 0, 0, 0, 0))
+            + chunk(b"IDAT", zlib.compress(b"\0" * 1000)) + chunk(b"IEND", b""))
+
+
+JSON = {"Content-Type": "application/json"}
+IMG = {"Content-Type": "image/png"}
+BAD = [
+    ("empty body", b"", IMG, 400, "empty"),
+    ("empty json body", b"", JSON, 400, "empty"),
+    ("not an image", b"hello, world", IMG, 400, "not a decodable image"),
+    ("truncated png", None, IMG, 400, "could not be decoded"),
+    ("png bomb", None, IMG, 413, "pixels"),
+    ("invalid json", b'{"pixels": [[1, 2]', JSON, 400, "not valid JSON"),
+    ("json without pixels", b'{"image": [[1]]}', JSON, 422, "pixels"),
+    ("json list", b"[[1, 2], [3, 4]]", JSON, 422, "pixels"),
+    ("ragged rows", b'{"pixels": [[1, 2], [3]]}', JSON, 422, "ragged"),
+    ("1-d", b'{"pixels": [1, 2, 3]}', JSON, 422, "shape"),
+    ("4-d", b'{"pixels": [[[[1]]]]}', JSON, 422, "shape"),
+    ("5 channels", json.dumps({"pixels": np.zeros((28, 28, 5), int).tolist()}).encode(), JSON, 422, "channels"),
+    ("empty rows", b'{"pixels": [[], []]}', JSON, 422, "shape"),
+    ("empty list", b'{"pixels": []}', JSON, 422, "non-empty"),
+    ("nan", b'{"pixels": [[NaN, 0], [0, 0]]}', JSON, 422, "NaN"),
+    ("infinity", b'{"pixels": [[Infinity, 0], [0, 0]]}', JSON, 422, "NaN or infinite"),
+    ("huge number", b'{"pixels": [[1e999, 0], [0, 0]]}', JSON, 422, "NaN or infinite"),
+    ("negative", b'{"pixels": [[-1, 0], [0, 0]]}', JSON, 422, "0..255"),
+    ("over 255", b'{"pixels": [[256, 0], [0, 0]]}', JSON, 422, "0..255"),
+    ("null values", b'{"pixels": [[null, 0], [0, 0]]}', JSON, 422, "numbers"),
+    ("text values", b'{"pixels": [["a", "b"], ["c", "d"]]}', JSON, 422, "numbers"),
+    ("booleans", b'{"pixels": [[true, false]]}', JSON, 422, "numbers"),
+    ("too large array", json.dumps({"pixels": [[0] * 1025]}).encode(), JSON, 422, "per side"),
+    ("bad preprocess", json.dumps({"pixels": [[0]], "preprocess": "magic"}).encode(), JSON, 422, "preprocess"),
+    ("none at wrong size", json.dumps({"pixels": [[0] * 5] * 5, "preprocess": "none"}).encode(), JSON, 422,
+     "28x28x1"),
+]
+
+
+@pytest.mark.parametrize("name,body,headers,status,fragment", BAD, ids=[b[0] for b in BAD])
+def test_bad_input_is_a_json_4xx(client, name, body, headers, status, fragment):
+    if name == "truncated png":
+        body = png(drawing(real_digits(1)[0][0]))[:300]
+    elif name == "png bomb":
+        body = _bad_png_bomb()
+    r = client.post("/api/predict", content=body, headers=headers)
+    assert r.status_code == status, (r.status_code, r.text)
+    assert r.headers["content-type"].startswith("application/json")
+    err = r.json()
+    assert fragment in err["error"] and err["status"] == status
+    assert client.get("/healthz").status_code == 200  # still serving
+
+
+def test_body_over_2mb_is_413_declared_or_streamed(client):
+    big = b"\x89PNG" + b"\0" * (2 * 1024 * 1024)
+    r = client.post("/api/predict", content=big, headers=IMG)
+    assert r.status_code == 413 and "at most 2,097,152" in r.json()["error"]
+
+    def chunks():  # no Content-Length: chunked transfer, the limit is counted while reading
+        for _ in range(40):
+            yield b"\0" * 65536
+
+    r = client.post("/api/predict", content=chunks(), headers=IMG)
+    assert r.status_code == 413 and "over 2,097,152" in r.json()["error"]
+    x, y = real_digits(1)
+    assert assert_ok(client.post("/api/predict", json={"pixels": x[0].tolist()}))["label"] == y[0]
+
+
+def test_unknown_route_and_wrong_method_are_json(client):
+    r = client.get("/api/nothing")
+    assert r.status_code == 404 and r.json()["error"]
+    r = client.get("/api/predict")
+    assert r.status_code == 405 and r.json()["error"]
+
+
+def test_preprocess_query_none_needs_model_size(client):
+    r = client.post("/api/predict?preprocess=none", content=png(np.zeros((30, 30), np.uint8)), headers=IMG)
+    assert r.status_code == 422 and "28x28x1" in r.json()["error"]
+    r = client.post("/api/predict?preprocess=none", content=png(np.zeros((28, 28), np.uint8)), headers=IMG)
+    assert assert_ok(r)["preprocess"] == "none"
+
+
+# --- other models: colour, 32x32, ONNX ------------------------------------------------------
+
+@pytest.mark.parametrize("in_shape,mode", [((3, 32, 32), "resize"), ((1, 32, 32), "mnist")])
+def test_colour_and_32x32_models(in_shape, mode):
+    """Any model mnistflow trains: the input is prepared at its size and channel count."""
+    from mnistflow.artifacts import ModelInfo
+    from mnistflow.models import create_model
+    from mnistflow.server import create_app
+    from mnistflow.server.predictor import TorchPredictor
+
+    c, h, w = in_shape
+    names = ["plane", "car", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
+    info = ModelInfo(model="softmax", in_shape=list(in_shape), class_names=names, mean=[120.0] * c,
+                     std=[60.0] * c, dataset="test")
+    pred = TorchPredictor(create_model("softmax", in_shape, 10).eval(), info)
+    with running(create_app(pred)) as url, httpx.Client(base_url=url, timeout=30) as cl:
+        m = cl.get("/api/model").json()
+        assert m["input_size"] == f"{h}x{w}x{c}" and m["class_names"] == names
+        d = assert_ok(cl.post("/api/predict?input=1", content=png(drawing(real_digits(1)[0][0], 200)),
+                              headers=IMG))
+        assert d["preprocess"] == mode and np.array(d["input"]).shape == ((h, w, c) if c == 3 else (h, w))
+        assert d["class_name"] == names[d["label"]]
+        pixels = np.zeros((h, w, c) if c == 3 else (h, w), np.uint8).tolist()
+        assert assert_ok(cl.post("/api/predict", json={"pixels": pixels}))["preprocess"] == "none"
+
+
+def test_onnx_export_is_served_with_onnxruntime(serve_model, tmp_path):
+    """``mnistflow export --format onnx`` output runs in ONNX Runtime and agrees with PyTorch."""
+    pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnxscript")
+    from mnistflow.artifacts import load_model
+    from mnistflow.exporting import to_onnx
+    from mnistflow.server import create_app, load_predictor
+
+    path = tmp_path / "model.onnx"
+    path.write_bytes(to_onnx(*load_model(serve_model)))
+    pred, ref = load_predictor(path), load_predictor(serve_model)
+    assert pred.backend == "onnxruntime" and pred.params == ref.params
+    x, _ = real_digits(16, start=300)
+    p_ref = ref.predict(x[..., None])
+    assert np.abs(pred.predict(x[..., None]) - p_ref).max() < 1e-4
+    with running(create_app(path)) as url, httpx.Client(base_url=url, timeout=30) as c:
+        m = c.get("/api/model").json()
+        assert m["backend"] == "onnxruntime" and m["model"] == "fast" and m["params"] == ref.params
+        d = assert_ok(c.post("/api/predict", json={"pixels": x[0].tolist()}))
+        assert d["label"] == int(p_ref[0].argmax())
+
+
+# --- the command --------------------------------------------------------------------------
+
+def test_cli_bad_model_is_one_line_error(tmp_path):
+    proc = run_cli("serve", str(tmp_path / "missing"), "--port", "0")
+    assert_one_line_error(proc, "missing", "no such file")
+    proc = run_cli("serve", str(tmp_path / "missing"), "--port", "70000")
+    assert_one_line_error(proc, "--port must be in 0..65535")
+
+
+def test_host_other_than_localhost_warns(serve_model, capsys, monkeypatch):
+    """--host 0.0.0.0 prints a warning (checked without opening the port)."""
+    from mnistflow.errors import MnistflowError
+    from mnistflow.server import app as appmod
+
+    def no_bind(host, port):
+        raise MnistflowError(f"not binding {host} in tests")
+
+    monkeypatch.setattr(appmod, "_bind", no_bind)
+    import mnistflow
+
+    with pytest.raises(MnistflowError, match="not binding 0.0.0.0"):
+        mnistflow.serve(serve_model, host="0.0.0.0", port=0)  # the public API twin of the verb
+    assert "warning: --host 0.0.0.0" in capsys.readouterr().err
+    with pytest.raises(MnistflowError):
+        appmod.serve(serve_model, host="127.0.0.1", port=0)
+    assert "warning" not in capsys.readouterr().err
+
+
+def test_cli_serves_until_stopped(serve_model):
+    """``mnistflow serve RUN --port 0`` prints its URL, answers, and stops on SIGINT."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-m", "mnistflow", "serve", str(serve_model), "--port", "0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        line = proc.stdout.readline()
+        assert "serving fast (pytorch) at http://127.0.0.1:" in line, (line, proc.stderr.read() if proc.poll() else "")
+        url = line.split(" at ")[1].split()[0]
+        assert httpx.get(url + "healthz", timeout=30).json()["status"] == "ok"
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(20) == 0
+        assert proc.stdout.read().strip() == "stopped" and not proc.stderr.read().strip()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
