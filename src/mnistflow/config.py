@@ -45,8 +45,11 @@ class TrainConfig:
     seed: int = 0
     precision: str = "auto"  # fp32, bf16, fp16, auto
     channels_last: bool = False
-    device: str = "auto"
-    threads: int | None = None
+    device: str = "auto"  # auto, cpu, cuda, cuda:N (among CUDA_VISIBLE_DEVICES), mps
+    threads: int | None = None  # intra-op; default $MNISTFLOW_THREADS, else cores / processes per machine
+    interop_threads: int | None = None  # PyTorch's inter-op pool; default: PyTorch's (the cores)
+    gpu_memory_fraction: float | None = None  # cap this process's share of its GPU's memory
+    sync_bn: bool = False  # under torchrun on GPUs: batch norm statistics over the global batch
     compile: bool = False
     # observing
     log_every: int = 100  # steps between progress lines (and device syncs)
@@ -139,6 +142,10 @@ def validate(cfg: TrainConfig) -> None:
         raise MnistflowError(f"--keep-checkpoints must be 0 or more, got {cfg.keep_checkpoints}")
     if cfg.threads is not None and cfg.threads <= 0:
         raise MnistflowError(f"--threads must be positive, got {cfg.threads}")
+    if cfg.interop_threads is not None and cfg.interop_threads <= 0:
+        raise MnistflowError(f"--interop-threads must be positive, got {cfg.interop_threads}")
+    if cfg.gpu_memory_fraction is not None and not 0 < cfg.gpu_memory_fraction <= 1:
+        raise MnistflowError(f"--gpu-memory-fraction must be in (0, 1], got {cfg.gpu_memory_fraction}")
     from .models import get_entry
     from .models.spec import looks_like_spec
     from .optim import OPTIMIZERS, SCHEDULES

@@ -3,6 +3,10 @@
 No device syncs in the hot loop: loss and correct counts accumulate on the device and
 are read once every ``log_every`` steps (one ``.tolist()``). On a CPU a scalar read is not
 a device sync, so there the loss is checked for NaN/inf after every step.
+
+Under torchrun (a loader with ``world_size > 1``) the logged sums are all-reduced at that
+same point, once per log interval, so the numbers are the global batch's; ``evaluate``
+sums its shards over the ranks. A single process makes no collective call at all.
 """
 from __future__ import annotations
 
@@ -16,6 +20,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from . import dist
 from .errors import MnistflowError
 from .runtime import Amp
 
@@ -28,7 +33,7 @@ class TrainState:
     epoch: int = 0
     step_in_epoch: int = 0  # batches of ``epoch`` already trained
     total_steps: int = 0
-    samples: int = 0  # images trained on by this process
+    samples: int = 0  # images trained on, all processes together (per-rank batch x world size)
     stop: bool = False
     stop_reason: str = ""
     metrics: dict = field(default_factory=dict)  # latest val/test results, best so far
@@ -67,7 +72,8 @@ def train_one_epoch(model: nn.Module, loader, optimizer: torch.optim.Optimizer, 
     """Train ``model`` over the rest of the loader's epoch; returns the epoch's mean loss/acc.
 
     Calls ``on_train_log(step, logs)`` every ``log_every`` steps and ``on_step_end(step, state)``
-    after each step; a hook sets ``state.stop`` to end training early.
+    after each step; a hook sets ``state.stop`` to end training early. Under torchrun the logs
+    are the whole global batch's; the returned epoch means are this process's.
     """
     model.train()
     dev = next(model.parameters()).device
@@ -79,6 +85,7 @@ def train_one_epoch(model: nn.Module, loader, optimizer: torch.optim.Optimizer, 
     tot_n = win_n = 0
     win_t0, win_wait0 = time.perf_counter(), loader.stats.wait_s
     scaler = amp.scaler
+    world = getattr(loader, "world_size", 1)  # every rank's batch has this rank's size
     limit = min(max_steps or state.total_steps, state.total_steps)
     batches = iter(loader)
     while True:
@@ -116,17 +123,22 @@ def train_one_epoch(model: nn.Module, loader, optimizer: torch.optim.Optimizer, 
         win_n += n
         state.step += 1
         state.step_in_epoch += 1
-        state.samples += n
+        state.samples += n * world
         last = state.step >= limit or state.step_in_epoch == len(loader)
         if state.step % log_every == 0 or last:
             with _range("sync"):
-                wl, wc = torch.stack([win_loss, win_correct.to(win_loss.dtype)]).tolist()  # the sync point
+                sums = torch.stack([win_loss, win_correct.to(win_loss.dtype)])
+                if world > 1:  # the global batch's numbers: one collective per log interval
+                    sums = dist.all_reduce_sum(torch.cat([sums, sums.new_tensor([win_n])]))
+                    wl, wc, wn = sums.tolist()  # the sync point
+                else:
+                    (wl, wc), wn = sums.tolist(), win_n  # the sync point
             if not math.isfinite(wl):
                 raise _nonfinite(state.step, state.epoch, lr, amp.precision)
             now = time.perf_counter()
             dt = max(now - win_t0, 1e-9)
             logs = {"epoch": state.epoch + state.step_in_epoch / max(len(loader), 1),
-                    "loss": wl / win_n, "acc": wc / win_n, "lr": lr, "img_per_s": win_n / dt,
+                    "loss": wl / wn, "acc": wc / wn, "lr": lr, "img_per_s": wn / dt,
                     "data_wait_frac": min((loader.stats.wait_s - win_wait0) / dt, 1.0),
                     "queue_depth": loader.stats.queue_depth}
             with _range("logging"):
@@ -156,7 +168,10 @@ def train_one_epoch(model: nn.Module, loader, optimizer: torch.optim.Optimizer, 
 @torch.inference_mode()
 def evaluate(model: nn.Module, loader, amp: Amp, num_classes: int, *, confusion: bool = False) -> dict:
     """Loss and accuracy over the whole loader; with ``confusion``, the confusion matrix
-    (rows: true class, columns: predicted) and per-class accuracy."""
+    (rows: true class, columns: predicted) and per-class accuracy.
+
+    A loader with ``world_size > 1`` is this rank's shard (``pad=False``: each image on one
+    rank): the sums are all-reduced, so every rank returns the whole split's numbers."""
     was_training = model.training
     model.eval()
     dev = next(model.parameters()).device
@@ -174,9 +189,18 @@ def evaluate(model: nn.Module, loader, amp: Amp, num_classes: int, *, confusion:
             cm += torch.bincount(yb * num_classes + pred, minlength=num_classes * num_classes)
         n += yb.shape[0]
     model.train(was_training)
+    ls = c = None
+    if getattr(loader, "world_size", 1) > 1:  # before any early return: every rank takes part
+        sums = torch.stack([loss_sum.double(), correct.double(),
+                            torch.tensor(float(n), dtype=torch.float64, device=dev)])
+        ls, c, n = dist.all_reduce_sum(sums).tolist()
+        n = int(n)
+        if cm is not None:
+            dist.all_reduce_sum(cm)
     if n == 0:
         return {"loss": float("nan"), "acc": float("nan"), "n": 0}
-    ls, c = torch.stack([loss_sum, correct.to(loss_sum.dtype)]).tolist()
+    if ls is None:
+        ls, c = torch.stack([loss_sum, correct.to(loss_sum.dtype)]).tolist()
     out = {"loss": ls / n, "acc": c / n, "n": n}
     if cm is not None:
         m = cm.view(num_classes, num_classes).cpu()

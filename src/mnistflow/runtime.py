@@ -11,6 +11,7 @@ import contextlib
 import ctypes
 import ctypes.util
 import os
+import sys
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -73,15 +74,61 @@ def tune_malloc() -> bool:
     return _malloc_tuned
 
 
+def warn(message: str) -> None:
+    """One warning line on stderr (rank 0 only under torchrun: the others would repeat it)."""
+    if int(os.environ.get("RANK", 0) or 0) == 0:
+        sys.stderr.write(f"mnistflow: warning: {message}\n")
+        sys.stderr.flush()
+
+
+def default_threads() -> int:
+    """``$MNISTFLOW_THREADS``, else the usable cores shared among this machine's training
+    processes (torchrun's ``LOCAL_WORLD_SIZE``; 1 without torchrun)."""
+    n = int(os.environ.get("MNISTFLOW_THREADS", 0) or 0)
+    if n:
+        return n
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", 1) or 1)
+    return max(1, usable_cores() // max(local, 1))
+
+
 def set_threads(n: int | None) -> int:
-    """Intra-op threads: ``n``, else ``$MNISTFLOW_THREADS``, else the usable cores."""
-    n = n or int(os.environ.get("MNISTFLOW_THREADS", 0)) or usable_cores()
+    """Intra-op threads: ``n``, else ``default_threads()``."""
+    n = n or default_threads()
     torch.set_num_threads(n)
     return n
 
 
+def set_interop_threads(n: int | None) -> int:
+    """Inter-op threads (PyTorch's pool for independent ops run side by side); ``None`` keeps
+    PyTorch's default (the cores). PyTorch fixes the pool the first time it is used: set it
+    first thing in a process. Later, a different value is ignored with a warning."""
+    current = torch.get_num_interop_threads()
+    if n is None or n == current:
+        return current
+    try:
+        torch.set_num_interop_threads(n)
+    except RuntimeError:
+        warn(f"--interop-threads {n} ignored: this process already uses {current} inter-op threads "
+             "(PyTorch sets them once, before any parallel work; start a fresh process)")
+        return current
+    return n
+
+
+def limit_gpu_memory(fraction: float | None, device: torch.device) -> None:
+    """Cap this process's share of the GPU's memory (an allocation beyond it raises
+    out-of-memory). PyTorch's caching allocator already takes GPU memory only as needed."""
+    if fraction is None:
+        return
+    if device.type != "cuda":
+        warn(f"--gpu-memory-fraction applies to CUDA GPUs; ignored on {device.type}")
+        return
+    torch.cuda.set_per_process_memory_fraction(fraction, device)
+
+
 def pick_device(name: str = "auto") -> torch.device:
-    """auto: the current CUDA device when present, else Apple's MPS, else the CPU."""
+    """auto: the current CUDA device when present, else Apple's MPS, else the CPU.
+
+    ``cuda:N`` counts among the GPUs that ``CUDA_VISIBLE_DEVICES`` leaves visible."""
     if name == "auto":
         if torch.cuda.is_available():
             return torch.device("cuda", torch.cuda.current_device())
@@ -97,7 +144,8 @@ def pick_device(name: str = "auto") -> torch.device:
             raise MnistflowError(f"--device {name}: no CUDA GPU is visible "
                                  "(check the driver and CUDA_VISIBLE_DEVICES)")
         if dev.index is not None and dev.index >= torch.cuda.device_count():
-            raise MnistflowError(f"--device {name}: only {torch.cuda.device_count()} GPU(s) visible")
+            raise MnistflowError(f"--device {name}: only {torch.cuda.device_count()} GPU(s) visible "
+                                 "(numbered from 0 among CUDA_VISIBLE_DEVICES)")
     if dev.type == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
         raise MnistflowError("--device mps: MPS is not available on this machine")
     return dev

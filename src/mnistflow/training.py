@@ -7,6 +7,9 @@
     mnistflow train --model fast --run-dir runs/a --checkpoint-every 200   # then, after a crash:
     mnistflow train --resume --run-dir runs/a     # continues bitwise exactly (CPU, same seed)
 
+    torchrun --standalone --nproc_per_node 2 -m mnistflow train --recipe fast   # data parallel
+    mnistflow train --recipe fast --nproc 2                                      # the same
+
 Run directory (``runs/<name>/``): config.toml, metrics.jsonl, tb/ (TensorBoard), model.safetensors,
 summary.json, checkpoints/ (see ``mnistflow.checkpoint``). The timer starts after setup (data on
 the device, model built, writers open) and stops after the final test evaluation.
@@ -15,6 +18,11 @@ Resuming needs only the checkpoint: the learning rate is a pure function of the 
 data order a pure function of (seed, epoch), so the loop continues at (epoch, step in epoch)
 with the model, optimizer, scaler and RNG states loaded strictly into the live objects.
 SIGINT/SIGTERM save a checkpoint at the end of the current step and exit (130/143).
+
+Under torchrun (see ``mnistflow.dist``) every rank runs ``fit``: the model is wrapped in
+DistributedDataParallel, each rank reads its shard, and ``rank_zero_hooks`` gives rank 0
+alone the console, files and checkpoints. ``--batch-size`` is per process; the global batch
+is batch size x world size. A signal to any rank stops all of them at the same step.
 """
 from __future__ import annotations
 
@@ -37,6 +45,7 @@ import torch
 
 from . import checkpoint
 from . import config as configmod
+from . import dist
 from .artifacts import MODEL_FILE, ModelInfo, info_from_records, save_model, unwrap
 from .config import TrainConfig
 from .data.loader import make_loader
@@ -51,7 +60,8 @@ from .observe.metrics import MetricsFile
 from .observe.starvation import StarvationWatch
 from .observe.tensorboard import TensorBoardLogger
 from .optim import build_optimizer, lr_factor
-from .runtime import Amp, pick_device, pick_precision, set_threads, tune_malloc
+from .runtime import (Amp, limit_gpu_memory, pick_device, pick_precision, set_interop_threads,
+                      set_threads, tune_malloc)
 
 
 def resolve_records(cfg: TrainConfig) -> Records:
@@ -67,6 +77,12 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
+
+
+def rank_seed(seed: int, rank: int, step: int = 0) -> int:
+    """The torch seed of rank ``rank`` > 0 after the model is built (dropout differs per rank;
+    rank 0 keeps the single process's stream). ``step``: the step a resume starts at."""
+    return (seed * 1_000_003 + rank * 7_919 + step * 104_729) % 2**63
 
 
 def default_run_dir(cfg: TrainConfig) -> Path:
@@ -104,6 +120,7 @@ class Run:
     test_loader: object | None
     amp: Amp
     run_dir: Path
+    info: dist.DistInfo = field(default_factory=dist.DistInfo)
     hooks: list = field(default_factory=list)
     console: ConsoleLogger | None = None
     t_start: float = 0.0
@@ -130,42 +147,54 @@ class Run:
         return res
 
 
-def _build(cfg: TrainConfig, run_dir: Path) -> Run:
-    device = pick_device(cfg.device)
+def _build(cfg: TrainConfig, run_dir: Path, device: torch.device, info: dist.DistInfo) -> Run:
     threads = set_threads(cfg.threads) if device.type == "cpu" else set_threads(cfg.threads or 2)
+    limit_gpu_memory(cfg.gpu_memory_fraction, device)
     if device.type == "cpu":
         tune_malloc()
     precision = pick_precision(cfg.precision, device)
-    rec = resolve_records(cfg)
+    with dist.local_rank_zero_first(info):  # one process per machine prepares the cache
+        rec = resolve_records(cfg)
     h, w, c = rec.shape
     n_train = rec.meta["splits"]["train"]
     if cfg.batch_size > n_train:
         raise MnistflowError(f"--batch-size {cfg.batch_size} is larger than the training set "
                              f"({n_train:,} images)", rec.path)
     seed_everything(cfg.seed)
-    model = create_model(cfg.model, (c, h, w), rec.num_classes)
+    model = create_model(cfg.model, (c, h, w), rec.num_classes)  # the same on every rank
+    if info.rank > 0:
+        torch.manual_seed(rank_seed(cfg.seed, info.rank))
     memfmt = torch.channels_last if cfg.channels_last else torch.contiguous_format
     model = model.to(device=device, memory_format=memfmt)
+    if cfg.sync_bn and info.enabled:
+        model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
     raw_model = model
     _preflight_memory(cfg, rec, model, (c, h, w))
     optimizer = build_optimizer(cfg.optimizer, model.parameters(), cfg.lr, momentum=cfg.momentum,
                                 nesterov=cfg.nesterov, weight_decay=cfg.weight_decay)
+    if info.enabled:  # averages the gradients; broadcasts rank 0's parameters first
+        from torch.nn.parallel import DistributedDataParallel
+
+        model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
     drop_last = cfg.drop_last
     if cfg.compile:
         torch._logging.set_logs(recompiles=True)  # a recompilation is reported with its reason
         model = torch.compile(model)
         drop_last = True  # a short last batch would recompile
     delay = float(os.environ.get("MNISTFLOW_INJECT_DATA_DELAY", 0) or 0)  # tests: a slow reader
-    common = dict(device=device, channels_last=cfg.channels_last, resident="no" if delay else cfg.resident)
+    common = dict(device=device, channels_last=cfg.channels_last, resident="no" if delay else cfg.resident,
+                  rank=info.rank, world_size=info.world_size)
     train_loader = make_loader(rec, "train", batch_size=cfg.batch_size, seed=cfg.seed,
                                drop_last=drop_last, augment=cfg.augment, delay_s=delay, **common)
-    val_loader = (make_loader(rec, "val", batch_size=cfg.eval_batch_size, train=False, **common)
+    # evaluation shards count every image once (no padding); the sums are all-reduced
+    val_loader = (make_loader(rec, "val", batch_size=cfg.eval_batch_size, train=False, pad=False, **common)
                   if rec.has("val") else None)
-    test_loader = (make_loader(rec, "test", batch_size=cfg.eval_batch_size, train=False, **common)
+    test_loader = (make_loader(rec, "test", batch_size=cfg.eval_batch_size, train=False, pad=False, **common)
                    if rec.has("test") else None)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    if info.is_primary:
+        run_dir.mkdir(parents=True, exist_ok=True)
     return Run(cfg, rec, device, precision, model, raw_model, optimizer, train_loader, val_loader,
-               test_loader, Amp.create(precision, device), run_dir)
+               test_loader, Amp.create(precision, device), run_dir, info)
 
 
 def _preflight_memory(cfg: TrainConfig, rec: Records, model: torch.nn.Module, in_shape) -> None:
@@ -193,17 +222,25 @@ def _warm_up(run: Run) -> None:
 class TrainingInterrupted(KeyboardInterrupt):
     """SIGINT/SIGTERM during training: a checkpoint was saved; exit code 128 + signal."""
 
-    def __init__(self, signum: int, step: int, path: Path | None, run_dir: Path):
+    def __init__(self, signum: int, step: int, path: Path | None, run_dir: Path, rank: int = 0,
+                 world_size: int = 1):
         self.signum, self.step, self.path, self.run_dir = signum, step, path, run_dir
         self.exit_code = 128 + signum
         name = signal.Signals(signum).name
+        if rank:
+            super().__init__(f"rank {rank}: interrupted by {name} at step {step}; rank 0 saved the checkpoint")
+            return
         saved = f"checkpoint saved: {display(path)}" if path else "no checkpoint (checkpoints are off)"
-        super().__init__(f"interrupted by {name} at step {step}; {saved}; continue with: "
-                         f"mnistflow train --resume --run-dir {display(run_dir)}")
+        again = f"mnistflow train --resume --run-dir {display(run_dir)}"
+        if world_size > 1:
+            again += f" --nproc {world_size} (or the same under torchrun)"
+        super().__init__(f"interrupted by {name} at step {step}; {saved}; continue with: {again}")
 
 
 # Settings that change the model or the data (its content or order): a resume that changes
 # them would not continue the same run, so it is refused. Others (epochs, lr, ...) may change.
+# batch_size is compared as the global batch (batch_size x processes): resuming under torchrun
+# with another number of processes is allowed when the global batch stays the same.
 RESUME_IDENTITY = ("model", "seed", "batch_size", "drop_last", "augment", "optimizer")
 
 
@@ -215,10 +252,19 @@ def data_fingerprint(rec: Records) -> dict:
 
 
 def resume_differences(old: dict, cfg: TrainConfig, old_data: dict | None = None,
-                       data: dict | None = None) -> list[str]:
-    """``key: old -> new`` for each setting that changes the model or data."""
-    diffs = [f"{k}: {old.get(k)} -> {getattr(cfg, k)}" for k in RESUME_IDENTITY
-             if k in old and old.get(k) != getattr(cfg, k)]
+                       data: dict | None = None, *, old_world: int = 1, world: int = 1) -> list[str]:
+    """``key: old -> new`` for each setting that changes the model or data. ``old_world`` and
+    ``world``: the numbers of processes of the checkpoint's run and of this one."""
+    diffs = []
+    for k in RESUME_IDENTITY:
+        if k not in old:
+            continue
+        if k == "batch_size" and old_world != world:
+            if old[k] * old_world != cfg.batch_size * world:
+                diffs.append(f"global batch (batch_size x processes): {old[k]} x {old_world} = "
+                             f"{old[k] * old_world} -> {cfg.batch_size} x {world} = {cfg.batch_size * world}")
+        elif old.get(k) != getattr(cfg, k):
+            diffs.append(f"{k}: {old.get(k)} -> {getattr(cfg, k)}")
     if old_data and data and old_data.get("sha256") != data["sha256"]:
         diffs.append(f"data: {old_data.get('name')} ({old_data.get('sha256', '')[:8]}) -> "
                      f"{data['name']} ({data['sha256'][:8]})")
@@ -283,7 +329,8 @@ def _model_info(run: Run, state: TrainState) -> ModelInfo:
 
 def _payload(run: Run, state: TrainState, lr_at) -> dict:
     ts = {"step": state.step, "epoch": state.epoch, "step_in_epoch": state.step_in_epoch,
-          "samples": state.samples, "stop_reason": state.stop_reason, "metrics": dict(state.metrics)}
+          "samples": state.samples, "stop_reason": state.stop_reason, "metrics": dict(state.metrics),
+          "world_size": run.info.world_size}
     return checkpoint.capture(
         run.raw_model, run.optimizer, run.amp.scaler, ts, configmod.to_dict(dataclasses.replace(run.cfg, resume=None)),
         scheduler={"schedule": run.cfg.schedule, "step": state.step, "total_steps": state.total_steps,
@@ -298,23 +345,27 @@ def _restore(run: Run, state: TrainState, payload: dict, path: Path) -> None:
     state.samples, state.metrics = ts["samples"], dict(ts["metrics"])
     state.stop_reason = ts.get("stop_reason") if ts.get("stop_reason") == "target" else ""
     state.stop = state.stop_reason == "target"
+    if run.info.rank > 0:  # the checkpoint holds rank 0's RNG; the others take a fresh stream
+        torch.manual_seed(rank_seed(run.cfg.seed, run.info.rank, state.step))
 
 
 class _SignalHandlers:
     """SIGINT/SIGTERM set a flag the checkpoint hook acts on at the end of the step; a second
     signal stops at once. Installed only in the main thread, restored on exit."""
 
-    def __init__(self, interrupt: checkpoint.Interrupt):
+    def __init__(self, interrupt: checkpoint.Interrupt, quiet: bool = False):
         self.interrupt = interrupt
+        self.quiet = quiet
         self.old: dict = {}
 
     def _handle(self, signum, frame):
         if self.interrupt.signum:
             raise KeyboardInterrupt
         self.interrupt.signum = signum
-        sys.stderr.write(f"mnistflow: {signal.Signals(signum).name}: saving a checkpoint at the end of "
-                         "this step, then stopping (again to stop at once)\n")
-        sys.stderr.flush()
+        if not self.quiet:
+            sys.stderr.write(f"mnistflow: {signal.Signals(signum).name}: saving a checkpoint at the end "
+                             "of this step, then stopping (again to stop at once)\n")
+            sys.stderr.flush()
 
     def __enter__(self):
         if threading.current_thread() is threading.main_thread():
@@ -327,87 +378,211 @@ class _SignalHandlers:
             signal.signal(sig, h)
 
 
-def fit(cfg: TrainConfig) -> dict:
-    """Train as configured; returns the run summary (the ``--json`` object).
+@dataclass
+class InterruptSync:
+    """Under torchrun: a signal to any rank stops every rank at the same step.
 
-    With ``cfg.resume`` (``latest`` or a path) the run continues from a checkpoint; otherwise a
-    run directory that already holds checkpoints is refused (nothing is overwritten).
-    """
-    configmod.validate(cfg)
-    resume_path: Path | None = None
-    payload = None
-    if cfg.resume:
-        resume_path, run_dir = locate_resume(cfg.resume, cfg.run_dir)
-        if resume_path is not None:
-            payload = checkpoint.load(resume_path)
-            diffs = resume_differences(payload["config"], cfg)
-            if diffs:
-                raise MnistflowError("cannot resume with a different model or data: " + "; ".join(diffs),
-                                     resume_path)
-        else:
-            sys.stderr.write(f"mnistflow: note: no checkpoint in {display(run_dir)}; starting from step 0\n")
-    else:
-        run_dir = Path(cfg.run_dir) if cfg.run_dir else default_run_dir(cfg)
-        if checkpoint.step_files(run_dir / checkpoint.CKPT_DIR):
-            raise MnistflowError("this run directory already holds checkpoints: continue it with "
-                                 "--resume, or pick another --run-dir", run_dir)
-    run = _build(cfg, run_dir)
-    if payload is not None:
-        diffs = resume_differences(payload["config"], cfg, payload.get("data"), data_fingerprint(run.rec))
-        if diffs:
-            raise MnistflowError("cannot resume with a different model or data: " + "; ".join(diffs),
-                                 resume_path)
-    cfg_path = run.run_dir / "config.toml"
-    configmod.save_toml(cfg, cfg_path)
-    steps_per_epoch = len(run.train_loader)
-    total = max(1, math.ceil(cfg.epochs * steps_per_epoch))
-    if cfg.max_steps:
-        total = min(total, cfg.max_steps)
-    start_step = payload["train_state"]["step"] if payload is not None else 0
-    if cfg.resume:
-        _truncate_metrics(run.run_dir / "metrics.jsonl", start_step)
-    console = ConsoleLogger(total, quiet=cfg.quiet)
+    Each process's signal handler sets ``pending``; once per step (and at epoch ends) the
+    largest pending signal over the ranks is agreed on (one tiny collective) and copied into
+    ``interrupt``, which the loop acts on: rank 0's Checkpointer saves and stops, the other
+    ranks stop at exactly the points where it does. Used only when world size > 1."""
+
+    pending: checkpoint.Interrupt
+    interrupt: checkpoint.Interrupt
+    steps_per_epoch: int
+    primary: bool
+
+    def _sync(self) -> None:
+        signum = dist.max_over_ranks(self.pending.signum)
+        if signum and not self.interrupt.signum:
+            self.interrupt.signum = signum
+
+    def on_step_end(self, step: int, state: TrainState) -> None:
+        self._sync()
+        # the Checkpointer's rule: the last step and epoch ends are handled after the loop
+        if self.interrupt.signum and not self.primary and state.step < state.total_steps \
+                and state.step_in_epoch < self.steps_per_epoch:
+            state.stop, state.stop_reason = True, "interrupted"
+
+    def on_epoch_end(self, state: TrainState) -> None:
+        self._sync()
+        if self.interrupt.signum and not self.primary and state.step < state.total_steps:
+            state.stop, state.stop_reason = True, "interrupted"
+
+
+@dataclass
+class RankZeroHooks:
+    """What prints or writes files. ``rank_zero_hooks`` decides; the other ranks get none."""
+
+    metrics: MetricsFile | None = None
+    tb: TensorBoardLogger | None = None
+    memwatch: MemoryWatch | None = None
+    starvation: StarvationWatch | None = None
+    profiler: object | None = None
+
+    def ordered(self, console: ConsoleLogger | None) -> list:
+        # memwatch first: it adds rss_mb to the logs the others write.
+        return [h for h in (self.memwatch, self.starvation, console, self.metrics, self.tb) if h is not None]
+
+    def close(self) -> None:
+        if self.metrics is not None:
+            self.metrics.close()
+        if self.tb is not None:
+            self.tb.close()
+
+
+def rank_zero_hooks(run: Run, resume_step: int | None) -> RankZeroHooks:
+    """The one place that decides what rank 0 alone does: metrics file, TensorBoard, memory
+    and input watches, profiler. Other ranks get an empty set (and a quiet console)."""
+    if not run.info.is_primary:
+        return RankZeroHooks()
+    from .data.loader import StreamLoader
+
+    cfg = run.cfg
     metrics = MetricsFile(run.run_dir / "metrics.jsonl")
     tb = TensorBoardLogger(run.run_dir / "tb") if cfg.tensorboard else None
-    if tb is not None and cfg.resume:
+    if tb is not None and resume_step is not None:
         try:  # events after the checkpoint's step are superseded by the resumed run's
             from torch.utils.tensorboard import SummaryWriter
 
-            tb._w = SummaryWriter(str(tb.logdir), purge_step=start_step + 1)
+            tb._w = SummaryWriter(str(tb.logdir), purge_step=resume_step + 1)
         except ImportError:
             pass
     if tb is not None:
         tb.writer  # open it (and pay its import) before the timer starts
-    from .data.loader import StreamLoader
-
-    memwatch = MemoryWatch(run.device)
-    starvation = StarvationWatch(queued=isinstance(run.train_loader, StreamLoader))
-    guard = FinalizeGuard(run.raw_model)
-    # memwatch first: it adds rss_mb to the logs the others write.
-    run.hooks = [h for h in (memwatch, starvation, console, metrics, tb) if h is not None]
-    run.hooks += [guard, PeriodicEval(run, cfg.eval_every)]
     profiler = None
     if cfg.profile_steps:
         from .observe.profiler import ProfilerHook, parse_steps
 
         profiler = ProfilerHook(run.run_dir / "profile", *parse_steps(cfg.profile_steps), run.device)
-        run.hooks.append(profiler)
+    return RankZeroHooks(metrics, tb, MemoryWatch(run.device),
+                         StarvationWatch(queued=isinstance(run.train_loader, StreamLoader)), profiler)
+
+
+def _decide_run(cfg: TrainConfig, info: dist.DistInfo) -> tuple[Path | None, Path]:
+    """(checkpoint to resume from, run directory): decided by rank 0 and broadcast, so every
+    rank uses the same ones (a default run name holds the time of day)."""
+    decision = None
+    if info.is_primary:
+        try:
+            if cfg.resume:
+                resume_path, run_dir = locate_resume(cfg.resume, cfg.run_dir)
+                if resume_path is None:
+                    sys.stderr.write(f"mnistflow: note: no checkpoint in {display(run_dir)}; "
+                                     "starting from step 0\n")
+            else:
+                resume_path, run_dir = None, Path(cfg.run_dir) if cfg.run_dir else default_run_dir(cfg)
+                if checkpoint.step_files(run_dir / checkpoint.CKPT_DIR):
+                    raise MnistflowError("this run directory already holds checkpoints: continue it with "
+                                         "--resume, or pick another --run-dir", run_dir)
+            decision = ("ok", None if resume_path is None else str(resume_path), str(run_dir))
+        except MnistflowError as e:
+            dist.broadcast_object(("error", e.detail, e.path))  # the other ranks stop with the same error
+            raise
+    status, a, b = dist.broadcast_object(decision)
+    if status == "error":
+        raise MnistflowError(a, b)
+    return (None if a is None else Path(a)), Path(b)
+
+
+def fit(cfg: TrainConfig) -> dict:
+    """Train as configured; returns the run summary (the ``--json`` object).
+
+    With ``cfg.resume`` (``latest`` or a path) the run continues from a checkpoint; otherwise a
+    run directory that already holds checkpoints is refused (nothing is overwritten). Under
+    torchrun every process calls it (see the module docstring).
+    """
+    configmod.validate(cfg)
+    set_interop_threads(cfg.interop_threads)  # first: PyTorch fixes this pool at its first use
+    device = pick_device(cfg.device)
+    env = dist.env_info()
+    if cfg.sync_bn and env.enabled and device.type != "cuda":
+        raise MnistflowError("--sync-bn needs CUDA GPUs (PyTorch's SyncBatchNorm has no CPU kernel); "
+                             "leave it out on CPUs")
+    owned = env.enabled and not dist.initialized()
+    info = dist.init(device.type)
+    device = dist.device_for(info, device)
+    try:
+        summary = _fit(cfg, device, info)
+    except TrainingInterrupted:
+        if owned:
+            dist.cleanup()
+        raise
+    except Exception as e:
+        if info.enabled and not isinstance(e, MnistflowError) and dist.is_comm_failure(e):
+            raise MnistflowError(dist.comm_failure_message(info, e)) from None
+        raise
+    if owned:
+        dist.cleanup()
+    return summary
+
+
+def _fit(cfg: TrainConfig, device: torch.device, info: dist.DistInfo) -> dict:
+    primary = info.is_primary
+    payload = None
+    resume_path, run_dir = _decide_run(cfg, info)
+    old_world = 1
+    if resume_path is not None:
+        payload = checkpoint.load(resume_path)  # every rank reads the same file
+        old_world = int(payload["train_state"].get("world_size", 1))
+        diffs = resume_differences(payload["config"], cfg, old_world=old_world, world=info.world_size)
+        if diffs:
+            raise MnistflowError("cannot resume with a different model or data: " + "; ".join(diffs),
+                                 resume_path)
+    run = _build(cfg, run_dir, device, info)
+    if payload is not None:
+        diffs = resume_differences(payload["config"], cfg, payload.get("data"), data_fingerprint(run.rec),
+                                   old_world=old_world, world=info.world_size)
+        if diffs:
+            raise MnistflowError("cannot resume with a different model or data: " + "; ".join(diffs),
+                                 resume_path)
+    if primary:
+        configmod.save_toml(cfg, run.run_dir / "config.toml")
+    steps_per_epoch = len(run.train_loader)  # the same on every rank, and for any world size
+    total = max(1, math.ceil(cfg.epochs * steps_per_epoch))
+    if cfg.max_steps:
+        total = min(total, cfg.max_steps)
+    start_step = payload["train_state"]["step"] if payload is not None else 0
+    if cfg.resume and primary:
+        _truncate_metrics(run.run_dir / "metrics.jsonl", start_step)
+    console = ConsoleLogger(total, quiet=cfg.quiet or not primary)
+    rz = rank_zero_hooks(run, start_step if cfg.resume else None)
+    guard = FinalizeGuard(run.raw_model)
+    run.hooks = rz.ordered(console if primary else None)
+    run.hooks += [guard, PeriodicEval(run, cfg.eval_every)]
+    if rz.profiler is not None:
+        run.hooks.append(rz.profiler)
     lr_at = lambda step: cfg.lr * lr_factor(step, total, cfg.schedule, warmup=cfg.warmup,  # noqa: E731
                                             steps_per_epoch=steps_per_epoch,
                                             step_every=cfg.step_every, gamma=cfg.step_gamma)
+    # Signals: without checkpoints there is nothing to save, so they keep their default
+    # behaviour. Under torchrun the handler's flag (pending) is agreed on by all ranks first.
+    interrupt = checkpoint.Interrupt()
+    catch_signals = cfg.keep_checkpoints > 0
+    isync = None
+    pending = interrupt
+    if catch_signals and info.enabled:
+        pending = checkpoint.Interrupt()
+        isync = InterruptSync(pending, interrupt, steps_per_epoch, primary)
+        run.hooks.append(isync)  # before the Checkpointer: it acts on the agreed flag
     ckpt = None
-    if cfg.keep_checkpoints > 0:
+    if cfg.keep_checkpoints > 0 and primary:
         ckpt = checkpoint.Checkpointer(
             checkpoint.CheckpointDir(run.run_dir / checkpoint.CKPT_DIR, cfg.keep_checkpoints),
             lambda st: _payload(run, st, lr_at), steps_per_epoch, every=cfg.checkpoint_every,
-            secs=cfg.checkpoint_secs, metric_split="val" if run.val_loader is not None else "test")
+            secs=cfg.checkpoint_secs, metric_split="val" if run.val_loader is not None else "test",
+            interrupt=interrupt)
         run.hooks.append(ckpt)  # after PeriodicEval: a checkpoint includes this step's evaluation
     run.console = console
     console.message(
         f"training {cfg.model} on {run.rec.name} ({run.rec.meta['splits']['train']:,} images, "
         f"{run.rec.num_classes} classes) | {run.device} {run.precision}"
         f"{' channels_last' if cfg.channels_last else ''} threads={torch.get_num_threads()} | "
-        f"batch {cfg.batch_size} x {total} steps | {run.run_dir}")
+        f"batch {cfg.batch_size * info.world_size} x {total} steps | {run.run_dir}")
+    if info.enabled:
+        console.message(f"data parallel: {info.world_size} processes ({info.backend}), batch "
+                        f"{cfg.batch_size} per process x {info.world_size} = global batch "
+                        f"{cfg.batch_size * info.world_size}")
     if cfg.init_from and payload is None:
         _init_from(run, cfg, console)
     _warm_up(run)
@@ -415,7 +590,9 @@ def fit(cfg: TrainConfig) -> dict:
     if payload is not None:
         _restore(run, state, payload, resume_path)
         console.message(f"resumed from {display(resume_path)}: step {state.step}, epoch {state.epoch} "
-                        f"+ {state.step_in_epoch} batches")
+                        f"+ {state.step_in_epoch} batches"
+                        + (f" (saved by {old_world} process(es), continued by {info.world_size})"
+                           if old_world != info.world_size else ""))
     if ckpt is not None and cfg.resume:
         moved = ckpt.ckpts.supersede_after(state.step)
         if moved:
@@ -423,8 +600,7 @@ def fit(cfg: TrainConfig) -> dict:
                             f"{display(moved[0].parent)}")
     start_samples = state.samples
     run.t_start = time.perf_counter()
-    # Without checkpoints there is nothing to save: signals keep their default behaviour.
-    with _SignalHandlers(ckpt.interrupt) if ckpt is not None else contextlib.nullcontext(), guard:
+    with _SignalHandlers(pending, quiet=not primary) if catch_signals else contextlib.nullcontext(), guard:
         while not state.stop and state.step < total:
             run.train_loader.set_epoch(state.epoch, state.step_in_epoch)
             train_one_epoch(run.model, run.train_loader, run.optimizer, state, amp=run.amp, lr_at=lr_at,
@@ -442,28 +618,38 @@ def fit(cfg: TrainConfig) -> dict:
             if epoch_done:
                 state.epoch += 1
                 state.step_in_epoch = 0
+            if isync is not None:
+                isync.on_epoch_end(state)
             if ckpt is not None:
                 ckpt.on_epoch_end(state)
     if state.stop_reason == "interrupted":
-        metrics.close()
-        if tb is not None:
-            tb.close()
-        raise TrainingInterrupted(ckpt.interrupt.signum, state.step, ckpt.last_path, run.run_dir)
+        rz.close()
+        dist.barrier()  # rank 0 has saved: no rank exits (and gets the job torn down) before
+        raise TrainingInterrupted(interrupt.signum, state.step, ckpt.last_path if ckpt else None,
+                                  run.run_dir, rank=info.rank, world_size=info.world_size)
     test = None
     if run.test_loader is not None:
         test = run.validate(state.step, state, "test") if "test_acc" not in state.metrics or \
             cfg.target_split != "test" else {"acc": state.metrics["test_acc"]}
     wall = time.perf_counter() - run.t_start
-    if profiler is not None:
-        profiler.close()
-        console.message(profiler.report or f"profiler: the run ended before step {profiler.stop}; "
-                                            "nothing was recorded")
+    if rz.profiler is not None:
+        rz.profiler.close()
+        console.message(rz.profiler.report or f"profiler: the run ended before step {rz.profiler.stop}; "
+                                               "nothing was recorded")
     if ckpt is not None:
         ckpt.save(state, "final")
-    warnings = [w for w in (starvation.message, memwatch.leak_message) if w]
-    return _finish(run, state, wall, test, metrics, tb, state.samples - start_samples,
+    warnings = [w for w in (rz.starvation and rz.starvation.message, rz.memwatch and rz.memwatch.leak_message)
+                if w]
+    in_sync = None
+    if info.enabled:  # DDP keeps the ranks' parameters equal: check it, once, at the end
+        in_sync = dist.params_in_sync(run.raw_model)
+        if not in_sync:
+            warnings.append("mnistflow: warning: the model's parameters differ between ranks at the end "
+                            "of training (a non-deterministic model or a bug); rank 0's were saved")
+            console.message(warnings[-1])
+    return _finish(run, state, wall, test, rz.metrics, rz.tb, state.samples - start_samples,
                    resumed_from=resume_path, checkpoint_path=ckpt.last_path if ckpt else None,
-                   warnings=warnings)
+                   warnings=warnings, ranks_in_sync=in_sync)
 
 
 def _init_from(run: Run, cfg: TrainConfig, console: ConsoleLogger) -> None:
@@ -488,9 +674,12 @@ def _peak_rss_mb() -> float:
 
 def _finish(run: Run, state: TrainState, wall: float, test, metrics, tb, samples: int,
             resumed_from: Path | None = None, checkpoint_path: Path | None = None,
-            warnings: list | None = None) -> dict:
+            warnings: list | None = None, ranks_in_sync: bool | None = None) -> dict:
+    """The summary (every rank returns it); rank 0 writes the model, summary.json, the graph."""
     cfg = run.cfg
-    save_model(run.run_dir / MODEL_FILE, run.raw_model, _model_info(run, state))
+    primary = run.info.is_primary
+    if primary:
+        save_model(run.run_dir / MODEL_FILE, run.raw_model, _model_info(run, state))
     stats = run.train_loader.stats
     summary = {
         "wall_s": round(wall, 3),
@@ -509,11 +698,17 @@ def _finish(run: Run, state: TrainState, wall: float, test, metrics, tb, samples
         "precision": run.precision,
         "device": str(run.device),
         "threads": torch.get_num_threads(),
+        "interop_threads": torch.get_num_interop_threads(),
+        "world_size": run.info.world_size,
+        "global_batch": cfg.batch_size * run.info.world_size,
+        "ranks_in_sync": ranks_in_sync,
         "run_dir": str(run.run_dir),
         "resumed_from": None if resumed_from is None else str(resumed_from),
         "checkpoint": None if checkpoint_path is None else str(checkpoint_path),
         "warnings": warnings or [],
     }
+    if not primary:
+        return summary
     if tb is not None:
         xb = next(iter(run.val_loader or run.test_loader))[0][:1]
         tb.add_graph(run.raw_model.eval(), xb)
@@ -547,6 +742,17 @@ def end_of_run_table(s: dict, target: float | None) -> str:
     return "\n".join([line] + [f"{k:<{w}}   {v}" for k, v in rows] + [line])
 
 
+def _keep_global_batch(base: dict, old_world: int, given: bool) -> None:
+    """Resuming under another number of processes without ``--batch-size``: the per-process
+    batch that keeps the checkpoint's global batch (when it divides evenly)."""
+    world = dist.env_info().world_size
+    if given or old_world == world or "batch_size" not in base:
+        return
+    global_batch = base["batch_size"] * old_world
+    if global_batch % world == 0:
+        base["batch_size"] = global_batch // world
+
+
 def train(config: str | Path | None = None, **overrides) -> dict:
     """Python twin of ``mnistflow train``: ``train(recipe="seed-cnn", epochs=2)``."""
     from .recipes import get_recipe
@@ -567,7 +773,10 @@ def train(config: str | Path | None = None, **overrides) -> dict:
             overrides["run_dir"] = str(rd)
         if path is not None:
             known = configmod.field_names() - {"resume", "run_dir"}
-            base = {k: v for k, v in checkpoint.load(path)["config"].items() if k in known}
+            saved = checkpoint.load(path)
+            base = {k: v for k, v in saved["config"].items() if k in known}
+            given = any((d or {}).get("batch_size") is not None for d in (recipe, file, overrides))
+            _keep_global_batch(base, int(saved["train_state"].get("world_size", 1)), given)
             recipe = {**base, **(recipe or {})}
     cfg = configmod.resolve(recipe, file, overrides)
     return fit(cfg)

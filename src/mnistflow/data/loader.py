@@ -33,12 +33,16 @@ class LoaderStats:
 
 
 def epoch_order(n: int, seed: int, epoch: int, rank: int = 0, world_size: int = 1,
-                shuffle: bool = True, drop_last: bool = False) -> torch.Tensor:
+                shuffle: bool = True, drop_last: bool = False, pad: bool = True) -> torch.Tensor:
     """Indices this rank visits in ``epoch``: a pure function of its arguments.
 
     Ranks take interleaved slices of one global permutation, so the union of the ranks'
     k-th batches (each of size B/world) is exactly the k-th batch (of size B) of a single
     process: data parallel training sees the same global batches as one process.
+
+    When ``n`` is not a multiple of ``world_size``, training pads the order by wrapping
+    around (every rank gets as many batches: the ranks step together); ``pad=False`` (for
+    evaluation) gives every index to exactly one rank, so shards differ in length by one.
     """
     if shuffle:
         g = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
@@ -48,7 +52,7 @@ def epoch_order(n: int, seed: int, epoch: int, rank: int = 0, world_size: int = 
     if world_size > 1:
         if drop_last:
             perm = perm[: n - n % world_size]
-        elif n % world_size:  # pad by wrapping around, like DistributedSampler
+        elif n % world_size and pad:  # pad by wrapping around, like DistributedSampler
             perm = torch.cat([perm, perm[: world_size - n % world_size]])
         perm = perm[rank::world_size]
     return perm
@@ -61,7 +65,7 @@ class ResidentLoader:
                  mean, std, device: torch.device | str = "cpu", shuffle: bool = True,
                  seed: int = 0, drop_last: bool = False, rank: int = 0, world_size: int = 1,
                  channels_last: bool = False, augment: bool = False,
-                 dtype: torch.dtype = torch.float32):
+                 dtype: torch.dtype = torch.float32, pad: bool = True):
         self.device = torch.device(device)
         # One resident copy per variant (variant 0 = the original images), NCHW uint8.
         xs = x if isinstance(x, list) else [x]
@@ -75,7 +79,7 @@ class ResidentLoader:
         self.mean = torch.tensor(mean, dtype=torch.float32, device=self.device).view(1, c, 1, 1)
         self.inv_std = 1.0 / torch.tensor(std, dtype=torch.float32, device=self.device).view(1, c, 1, 1)
         self.shuffle, self.seed, self.drop_last = shuffle, seed, drop_last
-        self.rank, self.world_size = rank, world_size
+        self.rank, self.world_size, self.pad = rank, world_size, pad
         self.channels_last, self.augment, self.dtype = channels_last, augment, dtype
         self.epoch, self.start_batch = 0, 0
         self.stats = LoaderStats()
@@ -97,6 +101,8 @@ class ResidentLoader:
             return self.n
         if self.drop_last:
             return self.n // self.world_size
+        if not self.pad:  # this rank's indices rank, rank + world, ... below n
+            return len(range(self.rank, self.n, self.world_size))
         return -(-self.n // self.world_size)
 
     def __len__(self) -> int:
@@ -106,8 +112,9 @@ class ResidentLoader:
     def __iter__(self):
         x = self.xs[self.epoch % len(self.xs)]
         order = epoch_order(self.n, self.seed, self.epoch, self.rank, self.world_size,
-                            self.shuffle, self.drop_last).to(self.device)
-        self._aug_gen.manual_seed(self.seed * 7919 + self.epoch)
+                            self.shuffle, self.drop_last, self.pad).to(self.device)
+        # Each rank its own augmentation stream (rank 0's is the single process's).
+        self._aug_gen.manual_seed(self.seed * 7919 + self.epoch + self.rank * 1_000_000_007)
         if self.start_batch and self.augment:  # keep the augmentation stream aligned on resume
             for _ in range(self.start_batch):
                 torch.rand(self.batch_size, 3, generator=self._aug_gen)
@@ -138,11 +145,12 @@ class StreamLoader:
     def __init__(self, x: np.ndarray, y: np.ndarray, *, batch_size: int, mean, std,
                  device: torch.device | str = "cpu", shuffle: bool = True, seed: int = 0,
                  drop_last: bool = False, rank: int = 0, world_size: int = 1,
-                 channels_last: bool = False, prefetch: int = 4, delay_s: float = 0.0):
+                 channels_last: bool = False, prefetch: int = 4, delay_s: float = 0.0,
+                 pad: bool = True):
         self.x, self.y = x, np.asarray(y)
         self.device = torch.device(device)
         self.batch_size, self.shuffle, self.seed, self.drop_last = batch_size, shuffle, seed, drop_last
-        self.rank, self.world_size, self.channels_last = rank, world_size, channels_last
+        self.rank, self.world_size, self.pad, self.channels_last = rank, world_size, pad, channels_last
         self.prefetch, self.delay_s = prefetch, delay_s  # delay_s: an injected slow reader (tests)
         c = x.shape[-1]
         self.mean = torch.tensor(mean, dtype=torch.float32, device=self.device).view(1, c, 1, 1)
@@ -162,6 +170,8 @@ class StreamLoader:
                 idx = np.sort(order[b * bs:(b + 1) * bs])  # sorted reads are kinder to the page cache
                 xb = torch.from_numpy(np.ascontiguousarray(self.x[idx]))
                 yb = torch.from_numpy(self.y[idx].astype(np.int64))
+                if self.device.type == "cuda":  # page-locked: the copy below is truly asynchronous
+                    xb, yb = xb.pin_memory(), yb.pin_memory()
                 if self.delay_s:
                     time.sleep(self.delay_s)
                 while not stop.is_set():
@@ -178,7 +188,7 @@ class StreamLoader:
 
     def __iter__(self):
         order = epoch_order(self.n, self.seed, self.epoch, self.rank, self.world_size,
-                            self.shuffle, self.drop_last).numpy()
+                            self.shuffle, self.drop_last, self.pad).numpy()
         q: queue.Queue = queue.Queue(maxsize=self.prefetch)
         stop = threading.Event()
         th = threading.Thread(target=self._produce, args=(order, q, stop), daemon=True)
@@ -219,8 +229,11 @@ def fits_in_memory(nbytes: int, device: torch.device) -> bool:
 def make_loader(rec, split: str, *, batch_size: int, device: torch.device | str = "cpu",
                 train: bool = True, seed: int = 0, drop_last: bool = False, rank: int = 0,
                 world_size: int = 1, channels_last: bool = False, augment: bool = False,
-                resident: str = "auto", delay_s: float = 0.0):
-    """The loader for ``split`` of an opened record set (``mnistflow.data.records.Records``)."""
+                resident: str = "auto", delay_s: float = 0.0, pad: bool = True):
+    """The loader for ``split`` of an opened record set (``mnistflow.data.records.Records``).
+
+    ``rank``/``world_size``: this process's shard (see ``epoch_order``); ``pad=False`` for
+    evaluation shards, which count every image exactly once over the ranks."""
     device = torch.device(device)
     x, y = rec.split(split)
     xs = [x] + ([rec.split(split, k)[0] for k in range(1, rec.variants + 1)]
@@ -230,7 +243,7 @@ def make_loader(rec, split: str, *, batch_size: int, device: torch.device | str 
         resident = "yes" if fits_in_memory(nbytes, device) and not delay_s else "no"
     common = dict(batch_size=batch_size, mean=rec.mean, std=rec.std, device=device,
                   shuffle=train, seed=seed, drop_last=drop_last, rank=rank,
-                  world_size=world_size, channels_last=channels_last)
+                  world_size=world_size, channels_last=channels_last, pad=pad)
     if resident == "yes":
         return ResidentLoader(xs, y, augment=augment, **common)
     return StreamLoader(x, y, delay_s=delay_s, **common)

@@ -2,6 +2,8 @@
 and the pre-flight check that refuses settings that would swap."""
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import sys
 
 import psutil
@@ -12,6 +14,35 @@ from ..errors import MnistflowError
 
 def rss_mb() -> float:
     return psutil.Process().memory_info().rss / 2**20
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                               "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+
+def _mallinfo2():
+    try:
+        fn = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallinfo2
+    except (OSError, AttributeError):  # not glibc, or glibc < 2.33
+        return None
+    fn.restype = _MallInfo2
+    return fn
+
+
+_MALLINFO2 = _mallinfo2()
+
+
+def in_use_mb(device: torch.device) -> float:
+    """Memory the program holds right now: allocated CUDA memory on a GPU; on a CPU the bytes
+    glibc's heap has handed out (mallinfo2), which unlike RSS does not stay high once freed
+    memory is kept for reuse; RSS where neither is available."""
+    if device.type == "cuda":
+        return torch.cuda.memory_allocated(device) / 2**20
+    if _MALLINFO2 is not None:
+        m = _MALLINFO2()
+        return (m.uordblks + m.hblkhd) / 2**20
+    return rss_mb()
 
 
 def available_mb() -> float:
@@ -60,7 +91,7 @@ def check_fits(est: dict, cap_mb: float | None = None, what: str = "training") -
 class MemoryWatch:
     """Samples RSS at every log interval: peak, a warning near the limit, and a leak trend.
 
-    A leak (e.g. keeping each step's loss with its graph in a list) shows as RSS growing
+    A leak (e.g. keeping each step's activations in a list) shows as memory in use growing
     step after step; after ``min_points`` samples a steady growth above ``leak_kb_per_step``
     is reported once, with the growth per step.
     """
@@ -80,7 +111,7 @@ class MemoryWatch:
         r = rss_mb()
         self.peak_mb = max(self.peak_mb, r)
         logs["rss_mb"] = r
-        self.points.append((step, r))
+        self.points.append((step, in_use_mb(self.device)))
         if not self.near_limit_warned and available_mb() < 0.05 * psutil.virtual_memory().total / 2**20:
             self.near_limit_warned = True
             print(f"mnistflow: warning: memory nearly exhausted: {r:,.0f} MB RSS, "
@@ -99,7 +130,7 @@ class MemoryWatch:
         if slope * 1024 > self.leak_kb and rises >= len(pts) - 2:
             self.leak_message = (
                 f"mnistflow: warning: memory grows every step: +{slope * 1024:,.0f} KB/step "
-                f"({mem[0]:,.0f} -> {mem[-1]:,.0f} MB RSS over steps {int(steps[0])}-{int(steps[-1])}). "
+                f"({mem[0]:,.0f} -> {mem[-1]:,.0f} MB in use over steps {int(steps[0])}-{int(steps[-1])}). "
                 "Something keeps tensors alive across steps, e.g. appending the loss (with its graph) "
                 "to a list: keep loss.item() or loss.detach() instead")
             print(self.leak_message, file=self.stream)
