@@ -16,16 +16,18 @@ RECIPES: dict[str, dict] = {
     # a one-cycle schedule and bf16 + channels_last reach its ~99.2% in a few epochs.
     "seed-cnn": dict(model="seed-cnn", optimizer="adam", lr=2e-3, batch_size=128, epochs=4,
                      schedule="onecycle", warmup=0.15, channels_last=True, log_every=100),
-    # Time-to-accuracy: >= 99.0% test as fast as possible (see benchmarks/time_to_accuracy.py).
-    "fast": dict(model="fast", optimizer="momentum", nesterov=True, lr=0.2, momentum=0.9,
-                 weight_decay=5e-4, batch_size=512, epochs=2, schedule="onecycle", warmup=0.2,
+    # Time-to-accuracy: >= 99.0% test in one epoch (benchmarks/time_to_accuracy.py). Tuned on
+    # 3 seeds: 99.04 / 99.13 / 99.14%. No validation passes inside the timed run: the final
+    # test evaluation is the measurement (use --validate to see validation curves).
+    "fast": dict(model="fast", optimizer="momentum", nesterov=True, lr=1.0, momentum=0.9,
+                 weight_decay=5e-4, batch_size=256, epochs=1, schedule="onecycle", warmup=0.2,
                  label_smoothing=0.1, channels_last=True, drop_last=True, log_every=50,
-                 eval_batch_size=5000),
-    # The most accurate: a small ResNet with on-device augmentation.
-    "best": dict(model="resnet-small", optimizer="momentum", nesterov=True, lr=0.1,
+                 eval_batch_size=5000, validate=False),
+    # The most accurate: the wide fast net with on-device shifts and rotations.
+    "best": dict(model="fast-wide", optimizer="momentum", nesterov=True, lr=0.5,
                  weight_decay=5e-4, batch_size=256, epochs=8, schedule="onecycle", warmup=0.2,
                  label_smoothing=0.1, augment=True, channels_last=True, drop_last=True,
-                 log_every=50),
+                 log_every=50, eval_batch_size=5000),
 }
 
 

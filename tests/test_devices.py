@@ -1,0 +1,127 @@
+"""Devices and threads: --device, --threads / --interop-threads, --gpu-memory-fraction, --sync-bn.
+
+What needs a GPU is checked on one when present (skipped otherwise); the rest runs on CPUs.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import assert_one_line_error, run_cli
+from mnistflow import dist
+from mnistflow.errors import MnistflowError
+from mnistflow.runtime import default_threads, pick_device, usable_cores
+from mnistflow.training import train
+
+TINY = dict(model="softmax", max_steps=2, batch_size=32, threads=1, quiet=True, tensorboard=False,
+            keep_checkpoints=0, validate=False)
+no_gpu = pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is present")
+gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+@no_gpu
+def test_cuda_without_a_gpu_is_a_one_line_error(mnist_records, tmp_path):
+    proc = run_cli("train", "--device", "cuda", "--data", str(mnist_records), "--run-dir", str(tmp_path / "r"))
+    assert_one_line_error(proc, "--device cuda: no CUDA GPU is visible", "CUDA_VISIBLE_DEVICES")
+    assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("name,fragment", [
+    pytest.param("cuda:3", "--device cuda:3: ", marks=no_gpu),
+    ("tpu", "unknown device 'tpu'"),
+    ("cuda:x", "unknown device 'cuda:x'"),
+    pytest.param("mps", "MPS is not available",
+                 marks=pytest.mark.skipif(torch.backends.mps.is_available(), reason="MPS present")),
+])
+def test_unusable_devices_fail_before_work(mnist_records, tmp_path, name, fragment):
+    with pytest.raises(MnistflowError, match=fragment.replace("(", r"\(")):
+        train(device=name, data=str(mnist_records), run_dir=str(tmp_path / "r"), **TINY)
+    assert not (tmp_path / "r").exists()
+
+
+def test_auto_and_cpu_devices():
+    assert pick_device("cpu") == torch.device("cpu")
+    want = "cuda" if torch.cuda.is_available() else "cpu"
+    assert pick_device("auto").type in (want, "mps")
+
+
+@pytest.mark.parametrize("value", ["1.5", "0", "-0.2"])
+def test_gpu_memory_fraction_must_be_a_fraction(tmp_path, value):
+    proc = run_cli("train", "--gpu-memory-fraction", value, "--run-dir", str(tmp_path / "r"))
+    assert_one_line_error(proc, f"--gpu-memory-fraction must be in (0, 1], got {float(value)}")
+
+
+@no_gpu
+def test_gpu_memory_fraction_on_a_cpu_warns_and_trains(mnist_records, tmp_path, capsys):
+    s = train(device="cpu", gpu_memory_fraction=0.5, data=str(mnist_records), run_dir=str(tmp_path / "r"),
+              **TINY)
+    assert s["steps"] == 2
+    assert "warning: --gpu-memory-fraction applies to CUDA GPUs; ignored on cpu" in capsys.readouterr().err
+
+
+def test_threads_and_interop_threads_are_applied(mnist_records, tmp_path):
+    proc = run_cli("train", "--model", "softmax", "--data", str(mnist_records), "--run-dir", str(tmp_path / "r"),
+                   "--max-steps", "2", "--threads", "1", "--interop-threads", "3", "--no-tensorboard",
+                   "--quiet", "--json")
+    assert proc.returncode == 0, proc.stderr
+    s = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert s["threads"] == 1 and s["interop_threads"] == 3 and s["world_size"] == 1
+    assert "threads = 1" in (tmp_path / "r" / "config.toml").read_text()
+    assert "interop_threads = 3" in (tmp_path / "r" / "config.toml").read_text()
+
+
+def test_interop_threads_too_late_is_a_warning_not_a_crash():
+    code = ("import torch; torch.set_num_interop_threads(2)\n"
+            "from mnistflow.runtime import set_interop_threads\n"
+            "print(set_interop_threads(3), set_interop_threads(2))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["2", "2"]
+    assert "warning: --interop-threads 3 ignored: this process already uses 2 inter-op threads" in proc.stderr
+
+
+def test_default_threads_share_the_cores_among_local_processes(monkeypatch):
+    monkeypatch.delenv("MNISTFLOW_THREADS", raising=False)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    assert default_threads() == usable_cores()
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")  # torchrun --nproc_per_node 2
+    assert default_threads() == max(1, usable_cores() // 2)
+    monkeypatch.setenv("MNISTFLOW_THREADS", "3")
+    assert default_threads() == 3
+
+
+def test_sync_bn_under_torchrun_needs_gpus(tmp_path):
+    # torchrun's environment without torchrun: the check comes before joining any process group
+    proc = run_cli("train", "--device", "cpu", "--sync-bn", "--run-dir", str(tmp_path / "r"),
+                   env={"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0"})
+    assert_one_line_error(proc, "--sync-bn needs CUDA GPUs")
+
+
+def test_dist_timeout_setting(monkeypatch):
+    monkeypatch.delenv(dist.TIMEOUT_ENV, raising=False)
+    assert dist.timeout_s() == 60
+    monkeypatch.setenv(dist.TIMEOUT_ENV, "7.5")
+    assert dist.timeout_s() == 7.5
+    monkeypatch.setenv(dist.TIMEOUT_ENV, "soon")
+    with pytest.raises(MnistflowError, match="MNISTFLOW_DIST_TIMEOUT must be a positive number"):
+        dist.timeout_s()
+
+
+def test_single_process_helpers_are_no_ops():
+    assert not dist.initialized() and dist.env_info().world_size == 1
+    t = torch.ones(3)
+    assert dist.all_reduce_sum(t) is t and t.tolist() == [1, 1, 1]
+    assert dist.max_over_ranks(5) == 5 and dist.broadcast_object("x") == "x"
+    assert dist.params_in_sync(torch.nn.Linear(2, 2))
+
+
+@gpu
+def test_training_on_a_gpu_with_a_memory_cap(mnist_records, tmp_path):
+    s = train(device="cuda", gpu_memory_fraction=0.5, data=str(mnist_records), run_dir=str(tmp_path / "r"),
+              model="softmax", max_steps=20, batch_size=64, quiet=True, tensorboard=False)
+    assert s["device"].startswith("cuda") and s["gpu_peak_allocated_mb"] > 0
+    assert s["test_acc"] > 0.5
