@@ -88,7 +88,15 @@ TRAIN_HELP = {
     "schedule": "constant, step, cosine, onecycle, linear",
     "warmup": "linear warm-up: fraction of all steps (<1) or a number of steps",
     "precision": "fp32, bf16, fp16 (CUDA) or auto (bf16 where the hardware is fast at it)",
-    "threads": "intra-op CPU threads (default: $MNISTFLOW_THREADS or all usable cores)",
+    "threads": "intra-op CPU threads (default: $MNISTFLOW_THREADS, else usable cores / processes per machine)",
+    "interop_threads": "PyTorch's inter-op threads (default: PyTorch's, the number of cores)",
+    "gpu_memory_fraction": "cap this process's share of its GPU's memory, 0 < F <= 1 (CUDA only)",
+    "sync_bn": "under torchrun on GPUs: batch norm statistics over the global batch",
+    "batch_size": "per process; under torchrun the global batch is this x processes",
+    "resident": "keep the data on the device: auto (when it fits), yes, or no (stream it from disk)",
+    "memory_cap_mb": "refuse settings estimated to need more memory than this (default: what is free)",
+    "profile_steps": "A:B profiles optimizer steps A..B: Chrome trace, op tables, step breakdown",
+    "validate": "evaluate the validation split at each epoch end (or every --eval-every steps)",
     "device": "auto, cpu, cuda, cuda:N or mps",
     "log_every": "steps between progress lines (and device syncs)",
     "eval_every": "steps between validation passes (default: every epoch)",
@@ -373,7 +381,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except MnistflowError as e:
-        sys.stderr.write(f"{PROG}: error: {e}\n")
+        if os.environ.get("RANK", "0") == "0":  # under torchrun every rank raises it: print it once
+            sys.stderr.write(f"{PROG}: error: {e}\n")
         return 2
     except KeyboardInterrupt:
         sys.stderr.write(f"{PROG}: interrupted\n")

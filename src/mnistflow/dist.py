@@ -98,7 +98,18 @@ def init(device_kind: str) -> DistInfo:
                                  f"only {n} GPU(s) are visible (CUDA_VISIBLE_DEVICES); start at most {n} "
                                  "per machine, or train on the CPU (--device cpu)")
         torch.cuda.set_device(info.local_rank)
-    tdist.init_process_group(backend, timeout=timeout)
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0) or 0)
+    if attempt and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        # After a failure torchrun --max-restarts starts new processes on the same store,
+        # which still holds the failed attempt's keys (the addresses of dead processes):
+        # each attempt gets its own key prefix.
+        from torch.distributed.rendezvous import rendezvous
+
+        store, _, _ = next(rendezvous("env://", timeout=timeout))
+        tdist.init_process_group(backend, store=tdist.PrefixStore(f"mnistflow/attempt{attempt}/", store),
+                                 rank=info.rank, world_size=info.world_size, timeout=timeout)
+    else:
+        tdist.init_process_group(backend, timeout=timeout)
     _control = tdist.new_group(backend="gloo", timeout=timeout) if backend == "nccl" else None
     return dataclasses.replace(info, backend=backend)
 
