@@ -122,3 +122,17 @@ def test_profile_writes_a_chrome_trace_with_the_models_ops(mnist_records, tmp_pa
     assert "step breakdown" in proc.stdout and "forward" in proc.stdout
     pct = [float(line.split()[-1].rstrip("%")) for line in proc.stdout.split("step breakdown")[1].splitlines()[1:9]]
     assert abs(sum(pct) - 100) < 1.0
+
+
+def test_batch_size_auto_picks_the_fastest_on_cpu_and_says_why(mnist_records, tmp_path):
+    run = tmp_path / "auto"
+    proc = run_cli("train", "--data", str(mnist_records), "--model", "fast", "--batch-size", "auto",
+                   "--max-steps", "5", "--threads", "1", "--run-dir", str(run), "--json")
+    assert proc.returncode == 0, proc.stderr
+    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("batch size auto:"))
+    rates = {int(b): float(r.replace(",", "")) for b, r in
+             (part.split(": ") for part in line.split("CPU: ")[1].rstrip(")").replace(" img/s", "").split(", "))}
+    chosen = json.loads(proc.stdout.strip().splitlines()[-1])["global_batch"]
+    assert set(rates) == {64, 128, 256, 512} and chosen == max(rates, key=rates.get)
+    assert f"batch_size = {chosen}" in (run / "config.toml").read_text()  # the choice reproduces
+    assert_one_line_error(run_cli("train", "--batch-size", "many"), "--batch-size")

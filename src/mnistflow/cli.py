@@ -109,6 +109,15 @@ TRAIN_HELP = {
 }
 
 
+def _batch_size(text: str):
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number or auto, got '{text}'") from None
+
+
 def _flag_type(annotation: str):
     if "bool" in annotation:
         return None
@@ -135,7 +144,7 @@ def _train_flags(p) -> None:
         if f.name == "resume":
             continue
         flag = "--" + f.name.replace("_", "-")
-        kind = _flag_type(str(f.type))
+        kind = _batch_size if f.name == "batch_size" else _flag_type(str(f.type))
         helptext = TRAIN_HELP.get(f.name, "") + (f" (default {f.default})" if f.default is not None else "")
         if kind is None:
             p.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=None,

@@ -28,7 +28,7 @@ class TrainConfig:
     target_acc: float | None = None  # stop once this accuracy is reached
     target_split: str = "val"  # which split the target is measured on: val or test
     # optimisation
-    batch_size: int = 128
+    batch_size: int | str = 128  # per process; "auto": the fastest (CPU) / largest that fits (GPU)
     optimizer: str = "adam"
     lr: float = 1e-3
     momentum: float = 0.9
@@ -112,8 +112,8 @@ def validate(cfg: TrainConfig) -> None:
     """Impossible settings fail before any work starts."""
     if cfg.lr <= 0:
         raise MnistflowError(f"--lr must be positive, got {cfg.lr}")
-    if cfg.batch_size <= 0:
-        raise MnistflowError(f"--batch-size must be positive, got {cfg.batch_size}")
+    if cfg.batch_size != "auto" and (not isinstance(cfg.batch_size, int) or cfg.batch_size <= 0):
+        raise MnistflowError(f"--batch-size must be a positive integer or auto, got {cfg.batch_size}")
     if cfg.epochs <= 0:
         raise MnistflowError(f"--epochs must be positive, got {cfg.epochs}")
     if cfg.max_steps is not None and cfg.max_steps <= 0:

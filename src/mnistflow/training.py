@@ -157,7 +157,7 @@ def _build(cfg: TrainConfig, run_dir: Path, device: torch.device, info: dist.Dis
         rec = resolve_records(cfg)
     h, w, c = rec.shape
     n_train = rec.meta["splits"]["train"]
-    if cfg.batch_size > n_train:
+    if cfg.batch_size != "auto" and cfg.batch_size > n_train:
         raise MnistflowError(f"--batch-size {cfg.batch_size} is larger than the training set "
                              f"({n_train:,} images)", rec.path)
     seed_everything(cfg.seed)
@@ -169,6 +169,14 @@ def _build(cfg: TrainConfig, run_dir: Path, device: torch.device, info: dist.Dis
     if cfg.sync_bn and info.enabled:
         model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
     raw_model = model
+    if cfg.batch_size == "auto":
+        from .observe.autobatch import choose_batch_size
+
+        choice = choose_batch_size(model, cfg, (c, h, w), rec.num_classes, device, precision, n_train) \
+            if info.is_primary else None
+        cfg.batch_size, why = dist.broadcast_object(choice)  # every rank trains with rank 0's choice
+        if info.is_primary and not cfg.quiet:
+            print(f"batch size auto: {cfg.batch_size} ({why})")
     _preflight_memory(cfg, rec, model, (c, h, w))
     optimizer = build_optimizer(cfg.optimizer, model.parameters(), cfg.lr, momentum=cfg.momentum,
                                 nesterov=cfg.nesterov, weight_decay=cfg.weight_decay)
@@ -734,6 +742,9 @@ def end_of_run_table(s: dict, target: float | None) -> str:
     rows += [("throughput", f"{s['img_per_s']:,.0f} img/s"),
              ("data wait", pct(s["data_wait_frac"])),
              ("peak memory", f"{s['peak_rss_mb']:,.0f} MB RSS"),
+             *([("GPU peak memory", f"{s['gpu_peak_allocated_mb']:,.0f} MB allocated, "
+                                    f"{s['gpu_peak_reserved_mb']:,.0f} MB reserved")]
+               if "gpu_peak_allocated_mb" in s else []),
              ("val accuracy", pct(s["val_acc"])),
              ("test accuracy", pct(s["test_acc"])),
              ("run directory", s["run_dir"])]
