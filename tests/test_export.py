@@ -82,7 +82,7 @@ def test_npz_export_subset_and_restore_by_name_with_reports(trained, mnist_recor
     sd = create_model("fast").state_dict()
     with np.load(tmp_path / "full.npz", allow_pickle=False) as z:
         assert set(z.files) == set(sd) | {NPZ_META_KEY}
-        assert z["features.0.weight"].shape == (24, 1, 3, 3)
+        assert z["features.0.weight"].shape == (24, 4, 3, 3)  # space-to-depth input: 1 x (2x2) channels
     assert full["names"] == len(sd) == 19
     sub = export(trained, "npz", tmp_path / "sub.npz", only=["features.0.*", "head.*"])
     arrays, info = read_npz(tmp_path / "sub.npz")
@@ -120,7 +120,7 @@ def test_npz_export_subset_and_restore_by_name_with_reports(trained, mnist_recor
     assert torch.equal(_logits(tmp_path / "bare.npz", model_name="fast", data=mnist_records), ref)
     res = evaluate(tmp_path / "full.npz", "val", device="cpu", threads=1)  # the eval verb's path
     assert res["n"] == 5000 and res["acc"] > 0.9 and res["model"] == "fast"
-    with pytest.raises(MnistflowError, match="missing in file: features.1.weight"):
+    with pytest.raises(MnistflowError, match="missing in file: features.2.weight"):
         evaluate(tmp_path / "sub.npz", device="cpu")
 
 
