@@ -136,3 +136,15 @@ def test_batch_size_auto_picks_the_fastest_on_cpu_and_says_why(mnist_records, tm
     assert set(rates) == {64, 128, 256, 512} and chosen == max(rates, key=rates.get)
     assert f"batch_size = {chosen}" in (run / "config.toml").read_text()  # the choice reproduces
     assert_one_line_error(run_cli("train", "--batch-size", "many"), "--batch-size")
+
+
+@pytest.mark.slow
+def test_a_healthy_compiled_run_never_recompiles(mnist_records, tmp_path):
+    """--compile: the loop keeps shapes stable (warm-up at the real batch shape, the short last
+    batch dropped, evaluation on the plain module), and recompiles would be logged with a reason."""
+    proc = run_cli("train", "--model", "fast", "--data", str(mnist_records), "--run-dir", str(tmp_path / "c"),
+                   "--compile", "--epochs", "1", "--max-steps", "220", "--batch-size", "256", "--threads", "2",
+                   "--no-tensorboard", "--log-every", "100")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "recompil" not in (proc.stdout + proc.stderr).lower()
+    assert "test " in proc.stdout  # evaluated, and crossed the epoch's short last batch (55,000 / 256)

@@ -218,7 +218,7 @@ def _preflight_memory(cfg: TrainConfig, rec: Records, model: torch.nn.Module, in
 def _warm_up(run: Run) -> None:
     """One throw-away forward/backward outside the timer: first-call costs (oneDNN kernel
     selection, lazy imports in the optimizer) are paid in setup, not charged to training."""
-    xb = next(iter(run.train_loader))[0][:2]
+    xb = next(iter(run.train_loader))[0]  # the real batch shape: under --compile, no recompile later
     state = {k: v.clone() for k, v in run.raw_model.state_dict().items()}
     with run.amp.autocast():
         run.model(xb).float().sum().backward()
