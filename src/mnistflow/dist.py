@@ -203,9 +203,16 @@ def comm_failure_message(info: DistInfo, e: BaseException) -> str:
             f"{timeout_s():g} s (${TIMEOUT_ENV})")
 
 
-def cleanup() -> None:
+def cleanup(sync: bool = True) -> None:
+    """Leave the process group. ``sync``: first wait for every rank (after a normal end), so no
+    rank tears gloo down while a peer still uses it (seen as a SIGABRT at exit without it)."""
     global _control
     if initialized():
+        if sync:
+            try:
+                barrier()
+            except Exception:  # a peer is gone: nothing left to wait for
+                pass
         tdist.destroy_process_group()
     _control = None
 
