@@ -89,7 +89,7 @@ def check_fits(est: dict, cap_mb: float | None = None, what: str = "training") -
 
 
 class MemoryWatch:
-    """Samples RSS at every log interval: peak, a warning near the limit, and a leak trend.
+    """Samples memory at every log interval: RSS for the logs, a warning near the limit, and a leak trend.
 
     A leak (e.g. keeping each step's activations in a list) shows as memory in use growing
     step after step; after ``min_points`` samples a steady growth above ``leak_kb_per_step``
@@ -100,7 +100,6 @@ class MemoryWatch:
                  stream=None):
         self.device = device
         self.points: list[tuple[int, float]] = []
-        self.peak_mb = rss_mb()
         self.leak_kb = leak_kb_per_step
         self.min_points = min_points
         self.stream = stream or sys.stderr
@@ -109,8 +108,7 @@ class MemoryWatch:
 
     def on_train_log(self, step: int, logs: dict) -> None:
         r = rss_mb()
-        self.peak_mb = max(self.peak_mb, r)
-        logs["rss_mb"] = r
+        logs["rss_mb"] = r  # shown in the progress line; the run's peak comes from getrusage
         self.points.append((step, in_use_mb(self.device)))
         if not self.near_limit_warned and available_mb() < 0.05 * psutil.virtual_memory().total / 2**20:
             self.near_limit_warned = True
@@ -134,6 +132,3 @@ class MemoryWatch:
                 "Something keeps tensors alive across steps, e.g. appending the loss (with its graph) "
                 "to a list: keep loss.item() or loss.detach() instead")
             print(self.leak_message, file=self.stream)
-
-    def summary(self) -> dict:
-        return {"peak_rss_mb": self.peak_mb, **gpu_peaks_mb(self.device)}
