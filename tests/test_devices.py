@@ -125,3 +125,22 @@ def test_training_on_a_gpu_with_a_memory_cap(mnist_records, tmp_path):
               model="softmax", max_steps=20, batch_size=64, quiet=True, tensorboard=False)
     assert s["device"].startswith("cuda") and s["gpu_peak_allocated_mb"] > 0
     assert s["test_acc"] > 0.5
+
+
+
+_DENORMAL_PROBE = ("import json, torch; from mnistflow.runtime import flush_denormals; "
+                   "on = flush_denormals(); x = torch.full((4,), 1e-39) * 1.0; "
+                   "print(json.dumps([on, x.tolist() + [torch.tensor(1e-30).mul(1e-10).item()]]))")
+
+
+@pytest.mark.parametrize("env,flushed", [({}, True), ({"MNISTFLOW_DENORMALS": "keep"}, False)])
+def test_training_processes_flush_denormals_unless_told_to_keep(env, flushed):
+    # A fresh process each: the FPU mode is per process (threads inherit it). Denormal inputs
+    # and results both become 0 when flushed.
+    import os
+
+    out = subprocess.run([sys.executable, "-c", _DENORMAL_PROBE], capture_output=True, text=True,
+                         env={**os.environ, **env}, check=True).stdout
+    on, values = json.loads(out)
+    assert on is flushed
+    assert all(v == 0.0 for v in values) if flushed else all(0.0 < v < 1.2e-38 for v in values)

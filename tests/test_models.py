@@ -55,9 +55,29 @@ def test_spec_builds_the_tutorial_cnn():
     spec = "conv5x5x32-relu,maxpool2,conv5x5x64-relu,maxpool2,fc1024-relu,dropout0.5,fc10"
     m = create_model(spec)
     assert sum(p.numel() for p in m.parameters()) == 3_274_634
-    assert [n for n, _ in m.named_children()][:3] == ["conv1", "relu1", "maxpool1"]
+    # ReLU runs after the max-pool it fed (same function, 4x less work); names stay.
+    assert [n for n, _ in m.named_children()][:3] == ["conv1", "maxpool1", "relu1"]
     m2 = create_model("conv3x3x8-s2-valid-bn-tanh,avgpool2,sigmoid,fc10")
     assert m2(torch.zeros(2, 1, 28, 28)).shape == (2, 10)
+
+
+def test_pooling_before_relu_keeps_the_function_and_its_gradients():
+    torch.manual_seed(0)
+    m = create_model("seed-cnn")
+    naive = torch.nn.Sequential(*[m.conv1, m.relu1, m.maxpool1, m.conv2, m.relu2, m.maxpool2,
+                                  *list(m.children())[6:]]).eval()  # the tutorial's order
+    m.eval()
+    x = torch.randn(8, 1, 28, 28, dtype=torch.float64)
+    m.double()
+    out = m(x)
+    grads = torch.autograd.grad(out.square().sum(), list(m.parameters()))
+    ref = naive(x)
+    ref_grads = torch.autograd.grad(ref.square().sum(), list(naive.parameters()))
+    assert torch.equal(out, ref)
+    for g, r in zip(grads, ref_grads):
+        torch.testing.assert_close(g, r, rtol=1e-12, atol=1e-12)
+    m3 = create_model("conv3x3x8-relu,avgpool2,fc10")  # average pooling does not commute
+    assert [n for n, _ in m3.named_children()][:3] == ["conv1", "relu1", "avgpool1"]
 
 
 @pytest.mark.parametrize("spec,fragment", [
@@ -74,3 +94,19 @@ def test_bad_specs(spec, fragment):
 def test_unknown_model_lists_the_known_ones():
     with pytest.raises(MnistflowError, match="seed-cnn"):
         create_model("no-such-net")
+
+
+@pytest.mark.parametrize("p", [0.5, 0.1, 0.3, 0.9])
+def test_dropout_mask_rate_independence_and_seeding(p):
+    from mnistflow.models.layers import keep_mask
+
+    x = torch.empty(1000, 1000)
+    torch.manual_seed(1)
+    m = keep_mask(x, p)
+    assert m.shape == x.shape and m.dtype == torch.bool
+    assert abs(m.float().mean().item() - (1 - p)) < 0.003  # 1M draws: 5 sigma is < 0.0025
+    f = m.flatten().float() - (1 - p)
+    for lag in (1, 2, 3, 4):  # neighbours share a 32-bit draw: they must still be independent
+        assert abs((f[:-lag] * f[lag:]).mean().item()) < 0.002
+    torch.manual_seed(1)
+    assert torch.equal(keep_mask(x, p), m)

@@ -46,6 +46,13 @@ def test_run_directory_and_json(mnist_records, tmp_path):
               "peak_rss_mb", "val_acc", "test_acc", "run_dir"):
         assert k in summary
     assert summary["steps"] == 120 and summary["stop_reason"] == "max_steps"
+    # Training throughput leaves out the evaluations (val at the end, then test): never below
+    # the end-to-end rate, and its time is the wall time less the measured eval passes.
+    evals = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()
+             if '"eval_s"' in line]
+    assert summary["train_s"] < summary["wall_s"]
+    assert summary["train_s"] == pytest.approx(summary["wall_s"] - sum(e["eval_s"] for e in evals), abs=0.01)
+    assert summary["train_img_per_s"] == pytest.approx(120 * 100 / summary["train_s"], rel=0.01)
     assert "loss" in proc.stdout and "img/s" in proc.stdout and "data wait" in proc.stdout
     recs = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in recs if r["kind"] == "train"] == [40, 80, 120]

@@ -420,6 +420,7 @@ class Checkpointer:
     _eval: tuple[int, float] | None = None
     _t_last: float = field(default_factory=time.monotonic)
     _saved_step: int = -1
+    save_s: float = 0.0  # seconds spent writing checkpoints (kept out of training throughput)
 
     def on_eval(self, step: int, logs: dict) -> None:
         if logs.get("split") == self.metric_split:
@@ -459,8 +460,10 @@ class Checkpointer:
             state.stop, state.stop_reason = True, "interrupted"
 
     def save(self, state, reason: str = "final") -> Path:
+        t0 = time.perf_counter()
         self.last_path = self.ckpts.save(state.step, self.payload(state), self._metric(state.step),
                                          reason)
+        self.save_s += time.perf_counter() - t0
         self._saved_step = state.step
         self._t_last = time.monotonic()
         return self.last_path

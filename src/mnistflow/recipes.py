@@ -22,12 +22,12 @@ RECIPES: dict[str, dict] = {
     "fast": dict(model="fast", optimizer="momentum", nesterov=True, lr=1.0, momentum=0.9,
                  weight_decay=5e-4, batch_size=256, epochs=1, schedule="onecycle", warmup=0.2,
                  label_smoothing=0.1, channels_last=True, drop_last=True, log_every=50,
-                 eval_batch_size=5000, validate=False),
+                 eval_batch_size=2000, validate=False),
     # The most accurate: the wide fast net with on-device shifts and rotations.
     "best": dict(model="fast-wide", optimizer="momentum", nesterov=True, lr=0.5,
                  weight_decay=5e-4, batch_size=256, epochs=8, schedule="onecycle", warmup=0.2,
                  label_smoothing=0.1, augment=True, channels_last=True, drop_last=True,
-                 log_every=50, eval_batch_size=5000),
+                 log_every=50, eval_batch_size=1000),
 }
 
 

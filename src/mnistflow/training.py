@@ -60,8 +60,8 @@ from .observe.metrics import MetricsFile
 from .observe.starvation import StarvationWatch
 from .observe.tensorboard import TensorBoardLogger
 from .optim import build_optimizer, lr_factor
-from .runtime import (Amp, limit_gpu_memory, pick_device, pick_precision, set_interop_threads,
-                      set_threads, tune_malloc)
+from .runtime import (Amp, flush_denormals, limit_gpu_memory, pick_device, pick_precision,
+                      set_interop_threads, set_threads, tune_malloc)
 
 
 def resolve_records(cfg: TrainConfig) -> Records:
@@ -125,6 +125,7 @@ class Run:
     console: ConsoleLogger | None = None
     t_start: float = 0.0
     time_to_target: float | None = None
+    eval_s: float = 0.0  # seconds in validation/test passes (not training throughput)
 
     def validate(self, step: int, state: TrainState, split: str | None = None) -> dict:
         split = split or ("val" if self.val_loader is not None else "test")
@@ -133,6 +134,7 @@ class Run:
         # The plain module: under torch.compile the train/eval switch would recompile.
         res = evaluate(self.raw_model, loader, self.amp, self.rec.num_classes)
         res.update(split=split, eval_s=time.perf_counter() - t0)
+        self.eval_s += res["eval_s"]
         state.metrics[f"{split}_acc"] = res["acc"]
         state.metrics[f"{split}_loss"] = res["loss"]
         call(self.hooks, "on_eval", step, res)
@@ -152,6 +154,7 @@ def _build(cfg: TrainConfig, run_dir: Path, device: torch.device, info: dist.Dis
     limit_gpu_memory(cfg.gpu_memory_fraction, device)
     if device.type == "cpu":
         tune_malloc()
+        flush_denormals()
     precision = pick_precision(cfg.precision, device)
     with dist.local_rank_zero_first(info):  # one process per machine prepares the cache
         rec = resolve_records(cfg)
@@ -640,6 +643,8 @@ def _fit(cfg: TrainConfig, device: torch.device, info: dist.DistInfo) -> dict:
         test = run.validate(state.step, state, "test") if "test_acc" not in state.metrics or \
             cfg.target_split != "test" else {"acc": state.metrics["test_acc"]}
     wall = time.perf_counter() - run.t_start
+    # Training throughput counts the steps only: wall time less evaluations and checkpoint writes.
+    train_s = wall - run.eval_s - (ckpt.save_s if ckpt is not None else 0.0)
     if rz.profiler is not None:
         rz.profiler.close()
         console.message(rz.profiler.report or f"profiler: the run ended before step {rz.profiler.stop}; "
@@ -655,7 +660,7 @@ def _fit(cfg: TrainConfig, device: torch.device, info: dist.DistInfo) -> dict:
             warnings.append("mnistflow: warning: the model's parameters differ between ranks at the end "
                             "of training (a non-deterministic model or a bug); rank 0's were saved")
             console.message(warnings[-1])
-    return _finish(run, state, wall, test, rz.metrics, rz.tb, state.samples - start_samples,
+    return _finish(run, state, wall, train_s, test, rz.metrics, rz.tb, state.samples - start_samples,
                    resumed_from=resume_path, checkpoint_path=ckpt.last_path if ckpt else None,
                    warnings=warnings, ranks_in_sync=in_sync)
 
@@ -680,7 +685,7 @@ def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
 
 
-def _finish(run: Run, state: TrainState, wall: float, test, metrics, tb, samples: int,
+def _finish(run: Run, state: TrainState, wall: float, train_s: float, test, metrics, tb, samples: int,
             resumed_from: Path | None = None, checkpoint_path: Path | None = None,
             warnings: list | None = None, ranks_in_sync: bool | None = None) -> dict:
     """The summary (every rank returns it); rank 0 writes the model, summary.json, the graph."""
@@ -695,6 +700,8 @@ def _finish(run: Run, state: TrainState, wall: float, test, metrics, tb, samples
         "epochs": round(state.epoch + state.step_in_epoch / max(len(run.train_loader), 1), 3),
         "steps": state.step,
         "img_per_s": round(samples / wall, 1) if wall > 0 else None,
+        "train_s": round(train_s, 3),
+        "train_img_per_s": round(samples / train_s, 1) if train_s > 0 else None,
         "data_wait_frac": round(stats.wait_s / wall, 4) if wall > 0 else None,
         "peak_rss_mb": round(_peak_rss_mb(), 1),
         **{k: round(v, 1) for k, v in gpu_peaks_mb(run.device).items()},
@@ -739,7 +746,8 @@ def end_of_run_table(s: dict, target: float | None) -> str:
     if target is not None:
         ttt = s["time_to_target_s"]
         rows.append((f"time to {100 * target:.2f}%", "not reached" if ttt is None else f"{ttt:.2f} s"))
-    rows += [("throughput", f"{s['img_per_s']:,.0f} img/s"),
+    rows += [("throughput", f"{s['img_per_s']:,.0f} img/s ({s['train_img_per_s'] or 0:,.0f} img/s "
+                            f"in training steps)"),
              ("data wait", pct(s["data_wait_frac"])),
              ("peak memory", f"{s['peak_rss_mb']:,.0f} MB RSS"),
              *([("GPU peak memory", f"{s['gpu_peak_allocated_mb']:,.0f} MB allocated, "

@@ -46,8 +46,13 @@ class Conv2d(nn.Conv2d):
 
 
 class Dropout(nn.Module):
-    """Inverted dropout, like ``nn.Dropout``, with the mask drawn by ``torch.rand_like``:
-    on CPUs that is about 2x cheaper than ``bernoulli_`` (1.4 vs 2.8 ms for 128x1024)."""
+    """Inverted dropout, like ``nn.Dropout``, with a cheaper mask on CPUs.
+
+    The CPU generator's cost is per 32-bit draw and ``bernoulli_``/``rand_like`` spend one per
+    value. Here each draw gives four random bytes (or two 16-bit halves when ``p`` is not a
+    multiple of 1/256, so ``p`` is exact to 1.5e-5): 2.2x cheaper than ``rand_like`` for a
+    128x1024 bf16 batch, which was 2.2x cheaper than ``bernoulli_``. GPUs use ``rand_like``.
+    """
 
     def __init__(self, p: float = 0.5):
         super().__init__()
@@ -58,10 +63,24 @@ class Dropout(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.training or self.p == 0:
             return x
-        return x * (torch.rand_like(x) >= self.p) * (1.0 / (1.0 - self.p))
+        return x * keep_mask(x, self.p) * (1.0 / (1.0 - self.p))
 
     def extra_repr(self) -> str:
         return f"p={self.p}"
+
+
+def keep_mask(x: torch.Tensor, p: float) -> torch.Tensor:
+    """A bool tensor shaped like ``x``: True with probability ``1 - p``, independently."""
+    if x.device.type != "cpu":
+        return torch.rand_like(x) >= p
+    n = x.numel()
+    byte = (p * 256).is_integer()
+    per_draw = 4 if byte else 2
+    draws = torch.empty((n + per_draw - 1) // per_draw, dtype=torch.int32, device=x.device)
+    draws.random_(-2 ** 31, 2 ** 31)  # all 32 bits random (plain random_() leaves the top one 0)
+    if byte:
+        return draws.view(torch.uint8)[:n].view(x.shape) >= int(p * 256)
+    return draws.view(torch.int16)[:n].view(x.shape) >= round(p * 65536) - 32768  # signed halves
 
 
 def pool(kind: str, kernel: int = 2, stride: int | None = None, padding: str = "same") -> nn.Module:
