@@ -76,3 +76,12 @@ def test_predict_on_an_idx_file_and_a_png(mnist_records, mnist_dir, tmp_path):
     assert len(preds) == 50 and sum(p["label"] == y for p, y in zip(preds, labels[:50])) >= 44
     (tmp_path / "junk.png").write_bytes(b"not a png")
     assert_one_line_error(run_cli("predict", str(tmp_path / "run"), str(tmp_path / "junk.png")), "junk.png")
+
+
+def test_a_reader_that_leaves_early_is_not_an_error():
+    # `mnistflow summary seed-cnn | head -1`: the pipe closes before mnistflow writes.
+    proc = subprocess.Popen([sys.executable, "-m", "mnistflow", "summary", "seed-cnn"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 141 and err == ""
