@@ -67,6 +67,21 @@ def test_resume_mid_epoch_gives_the_remaining_batches(mnist_records):
     assert all(torch.equal(a, b) for a, b in zip(full[7:], rest))
 
 
+@pytest.mark.parametrize("channels", [1, 3])
+def test_resume_mid_epoch_keeps_the_augmentation_stream(channels):
+    # Grey images get shift/rotate/zoom, colour ones crop/flip: a resumed epoch must draw the
+    # same random numbers for the remaining batches as the uninterrupted one.
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 256, (96, 12, 12, channels), dtype=np.uint8)  # records are NHWC
+    L = ResidentLoader(x, np.arange(96) % 10, batch_size=16, mean=[100.0] * channels,
+                       std=[50.0] * channels, seed=4, augment=True)
+    L.set_epoch(2)
+    full = [xb for xb, _ in L]
+    L.set_epoch(2, start_batch=4)
+    rest = [xb for xb, _ in L]
+    assert len(rest) == 2 and all(torch.equal(a, b) for a, b in zip(full[4:], rest))
+
+
 def test_stream_loader_matches_resident_and_reports_the_queue(mnist_records):
     rec = open_records(mnist_records)
     a = make_loader(rec, "val", batch_size=500, seed=2, resident="yes")

@@ -116,8 +116,9 @@ class ResidentLoader:
         # Each rank its own augmentation stream (rank 0's is the single process's).
         self._aug_gen.manual_seed(self.seed * 7919 + self.epoch + self.rank * 1_000_000_007)
         if self.start_batch and self.augment:  # keep the augmentation stream aligned on resume
-            for _ in range(self.start_batch):
-                torch.rand(self.batch_size, 3, generator=self._aug_gen)
+            from .augment import skip_batches
+
+            skip_batches(self._aug_gen, self.start_batch, self.batch_size, x.shape[1])
         nb, bs = len(self), self.batch_size
         for b in range(self.start_batch, nb):
             t0 = time.perf_counter()
