@@ -82,7 +82,7 @@ def test_npz_export_subset_and_restore_by_name_with_reports(trained, mnist_recor
     sd = create_model("fast").state_dict()
     with np.load(tmp_path / "full.npz", allow_pickle=False) as z:
         assert set(z.files) == set(sd) | {NPZ_META_KEY}
-        assert z["features.0.weight"].shape == (24, 4, 3, 3)  # space-to-depth input: 1 x (2x2) channels
+        assert z["features.0.weight"].shape == (32, 4, 3, 3)  # space-to-depth input: 1 x (2x2) channels
     assert full["names"] == len(sd) == 19
     sub = export(trained, "npz", tmp_path / "sub.npz", only=["features.0.*", "head.*"])
     arrays, info = read_npz(tmp_path / "sub.npz")

@@ -58,8 +58,8 @@ def test_batch_norm_buffers_are_non_trainable_and_frozen_params_are_flagged():
     for p in model.features[0].parameters():
         p.requires_grad_(False)
     t = totals(model)
-    assert t["frozen"] == 24 * 4 * 3 * 3  # the first conv sees 4 channels (space-to-depth)
-    assert t["buffers"] == 2 * (24 + 48 + 96) + 3  # running mean/var + num_batches_tracked
+    assert t["frozen"] == 32 * 4 * 3 * 3  # the first conv sees 4 channels (space-to-depth)
+    assert t["buffers"] == 2 * (32 + 48 + 96) + 3  # running mean/var + num_batches_tracked
     rows = {r.name: r for r in layer_table(model, (1, 28, 28))}
     assert rows["features.0"].trainable == "no" and rows["features.4"].trainable == "yes"
     assert rows["features.5"].shape == (48, 4, 4)  # ceil-mode pool: 7 -> 4 (input 14x14 after space-to-depth)
@@ -68,8 +68,8 @@ def test_batch_norm_buffers_are_non_trainable_and_frozen_params_are_flagged():
     assert "features.0.weight" not in text.split("trainable variables")[1]  # frozen: not listed
     assert "head.weight" in text
     everything = summarize(model, all_variables=True)
-    assert re.search(r"features\.0\.weight\s+\(24, 4, 3, 3\)\s+float32\s+864\s+frozen", everything)
-    assert re.search(r"features\.2\.running_mean\s+24\s+float32\s+24\s+buffer", everything)
+    assert re.search(r"features\.0\.weight\s+\(32, 4, 3, 3\)\s+float32\s+1,?152\s+frozen", everything)
+    assert re.search(r"features\.2\.running_mean\s+32\s+float32\s+32\s+buffer", everything)
 
 
 def test_cli_spec_with_input_size_and_variables():
