@@ -38,9 +38,11 @@ def mnist_records(mnist_dir, tmp_path_factory) -> Path:
 
 
 def run_cli(*args: str, env: dict | None = None, cwd: Path | None = None, timeout: float = 600):
-    """Run ``python -m mnistflow`` in a subprocess, as a user would; returns CompletedProcess."""
+    """Run ``python -m mnistflow`` in a subprocess, as a user would; returns CompletedProcess.
+    ``env`` adds variables; a value of None removes one."""
     e = dict(os.environ)
     e.update(env or {})
+    e = {k: v for k, v in e.items() if v is not None}
     return subprocess.run([sys.executable, "-m", "mnistflow", *args], capture_output=True,
                           text=True, env=e, cwd=cwd, timeout=timeout)
 

@@ -14,7 +14,8 @@ import torch
 from conftest import assert_one_line_error, run_cli
 from mnistflow import dist
 from mnistflow.errors import MnistflowError
-from mnistflow.runtime import default_threads, pick_device, usable_cores
+from mnistflow.runtime import (busy_cores_elsewhere, default_threads, pick_device, threads_for_load,
+                               usable_cores)
 from mnistflow.training import train
 
 TINY = dict(model="softmax", max_steps=2, batch_size=32, threads=1, quiet=True, tensorboard=False,
@@ -92,6 +93,38 @@ def test_default_threads_share_the_cores_among_local_processes(monkeypatch):
     assert default_threads() == max(1, usable_cores() // 2)
     monkeypatch.setenv("MNISTFLOW_THREADS", "3")
     assert default_threads() == 3
+
+
+@pytest.mark.parametrize("threads,cores,busy,fit", [
+    (2, 2, 0.0, 2), (2, 2, 0.3, 2), (2, 2, 0.6, 1), (2, 2, 1.0, 1), (2, 2, 2.0, 1),
+    (8, 8, 2.2, 6), (4, 8, 2.0, 4), (1, 2, 1.0, 1),
+])
+def test_threads_fit_the_cores_other_processes_leave(threads, cores, busy, fit):
+    assert threads_for_load(threads, cores, busy) == fit
+
+
+@pytest.mark.skipif(usable_cores() < 2, reason="needs 2 cores: one for the busy neighbour")
+def test_a_busy_neighbour_is_detected_and_training_takes_fewer_threads(mnist_records, tmp_path):
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        import time
+
+        time.sleep(0.5)
+        assert busy_cores_elsewhere() >= 0.7
+        env = {"MNISTFLOW_THREADS": None, "LOCAL_WORLD_SIZE": None}
+        proc = run_cli("train", "--recipe", "softmax", "--data", str(mnist_records), "--run-dir",
+                       str(tmp_path / "r"), "--max-steps", "20", "--json", "--no-tensorboard", env=env)
+        assert proc.returncode == 0, proc.stderr
+        assert "cores busy: training on" in proc.stderr
+        assert json.loads(proc.stdout.strip().splitlines()[-1])["threads"] == usable_cores() - 1
+        chosen = run_cli("train", "--recipe", "softmax", "--data", str(mnist_records), "--run-dir",
+                         str(tmp_path / "r2"), "--max-steps", "5", "--json", "--no-tensorboard",
+                         "--threads", "2", env=env)  # the user's choice stands, without a word
+        assert "cores busy" not in chosen.stderr
+        assert json.loads(chosen.stdout.strip().splitlines()[-1])["threads"] == 2
+    finally:
+        busy.kill()
+        busy.wait()
 
 
 def test_sync_bn_under_torchrun_needs_gpus(tmp_path):

@@ -104,6 +104,52 @@ def default_threads() -> int:
     return max(1, usable_cores() // max(local, 1))
 
 
+def _jiffies(cpus: set[int]) -> tuple[int, int]:
+    """(busy, total) clock ticks of ``cpus`` since boot, from /proc/stat."""
+    busy = total = 0
+    with open("/proc/stat") as f:
+        for line in f:
+            name, *vals = line.split()
+            if not name.startswith("cpu") or name == "cpu":
+                continue
+            if not name[3:].isdigit():
+                break
+            if int(name[3:]) in cpus:
+                v = list(map(int, vals[:8]))  # user nice system idle iowait irq softirq steal
+                total += sum(v)
+                busy += sum(v) - v[3] - v[4]
+    return busy, total
+
+
+def busy_cores_elsewhere(sample_s: float = 0.25) -> float:
+    """Cores of this process's CPU set kept busy by other processes, sampled over ``sample_s``
+    while this process sleeps (Linux; 0.0 where /proc/stat is missing)."""
+    import time
+
+    try:
+        cpus = os.sched_getaffinity(0)
+        b0, t0 = _jiffies(cpus)
+        own0 = os.times()
+        time.sleep(sample_s)
+        b1, t1 = _jiffies(cpus)
+        own1 = os.times()
+    except (OSError, AttributeError, ValueError):
+        return 0.0
+    if t1 <= t0:
+        return 0.0
+    busy = (b1 - b0) / (t1 - t0) * len(cpus)
+    own = (own1.user - own0.user + own1.system - own0.system) / sample_s
+    return max(0.0, busy - own)
+
+
+def threads_for_load(threads: int, cores: int, busy: float) -> int:
+    """Intra-op threads that fit the cores other processes leave free. OpenMP threads spin at
+    their barriers: one that shares a core with a busy process stalls all the others (a 2-thread
+    step measured 4x slower than 1 thread when another process kept one of 2 cores busy)."""
+    free = int(cores - busy + 0.5)  # a core more than half busy is taken
+    return max(1, min(threads, free))
+
+
 def set_threads(n: int | None) -> int:
     """Intra-op threads: ``n``, else ``default_threads()``."""
     n = n or default_threads()

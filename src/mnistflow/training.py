@@ -60,8 +60,9 @@ from .observe.metrics import MetricsFile
 from .observe.starvation import StarvationWatch
 from .observe.tensorboard import TensorBoardLogger
 from .optim import build_optimizer, lr_factor
-from .runtime import (Amp, flush_denormals, limit_gpu_memory, pick_device, pick_precision,
-                      set_interop_threads, set_threads, tune_malloc)
+from .runtime import (Amp, busy_cores_elsewhere, default_threads, flush_denormals, limit_gpu_memory,
+                      pick_device, pick_precision, set_interop_threads, set_threads, threads_for_load,
+                      tune_malloc, usable_cores, warn)
 
 
 def resolve_records(cfg: TrainConfig) -> Records:
@@ -149,8 +150,27 @@ class Run:
         return res
 
 
+def _threads_for_a_shared_machine(device: torch.device) -> int | None:
+    """The default thread count, lowered when other processes keep cores busy (only when no
+    one chose: no ``--threads``, no ``$MNISTFLOW_THREADS``, not under torchrun, where the
+    busy cores are the other ranks)."""
+    if os.environ.get("MNISTFLOW_THREADS") or int(os.environ.get("LOCAL_WORLD_SIZE", 1) or 1) > 1:
+        return None
+    n = default_threads()
+    if n == 1:
+        return None
+    busy = busy_cores_elsewhere()
+    fit = threads_for_load(n, usable_cores(), busy)
+    if fit < n:
+        warn(f"other processes keep {busy:.1f} of {usable_cores()} cores busy: training on {fit} "
+             f"thread(s), not {n} (threads sharing a core with another process can make every step "
+             f"several times slower); --threads {n} to insist")
+    return fit
+
+
 def _build(cfg: TrainConfig, run_dir: Path, device: torch.device, info: dist.DistInfo) -> Run:
-    threads = set_threads(cfg.threads) if device.type == "cpu" else set_threads(cfg.threads or 2)
+    threads = set_threads(cfg.threads or _threads_for_a_shared_machine(device)) if device.type == "cpu" \
+        else set_threads(cfg.threads or 2)
     limit_gpu_memory(cfg.gpu_memory_fraction, device)
     if device.type == "cpu":
         tune_malloc()
