@@ -161,19 +161,22 @@ def test_training_on_a_gpu_with_a_memory_cap(mnist_records, tmp_path):
 
 
 
-_DENORMAL_PROBE = ("import json, torch; from mnistflow.runtime import flush_denormals; "
-                   "on = flush_denormals(); x = torch.full((4,), 1e-39) * 1.0; "
-                   "print(json.dumps([on, x.tolist() + [torch.tensor(1e-30).mul(1e-10).item()]]))")
+_DENORMAL_PROBE = (
+    "import json, torch; from mnistflow.runtime import flush_denormals; torch.set_num_threads(2); "
+    "x = torch.full((4_000_000,), 1e-39); a = torch.randn(500, 500); (a @ a).sum(); (x * 1.0).sum(); "
+    "on = flush_denormals(); y = x * 1.0; "  # OpenMP threads exist; 2 threads: each computes half of y
+    "z = torch.tensor(1e-30).mul(1e-10); "  # read bits as integers: DAZ would hide a denormal
+    "print(json.dumps([on, (y.view(torch.int32) != 0).sum().item(), z.view(torch.int32).item()]))")
 
 
 @pytest.mark.parametrize("env,flushed", [({}, True), ({"MNISTFLOW_DENORMALS": "keep"}, False)])
 def test_training_processes_flush_denormals_unless_told_to_keep(env, flushed):
-    # A fresh process each: the FPU mode is per process (threads inherit it). Denormal inputs
-    # and results both become 0 when flushed.
+    # A fresh process each. The FPU mode is per thread: both halves of a 2-thread op (the
+    # main thread's and the OpenMP worker's) must flush, denormal inputs and results alike.
     import os
 
     out = subprocess.run([sys.executable, "-c", _DENORMAL_PROBE], capture_output=True, text=True,
                          env={**os.environ, **env}, check=True).stdout
-    on, values = json.loads(out)
+    on, nonzero, product_bits = json.loads(out)
     assert on is flushed
-    assert all(v == 0.0 for v in values) if flushed else all(0.0 < v < 1.2e-38 for v in values)
+    assert (nonzero, product_bits == 0) == ((0, True) if flushed else (4_000_000, False))

@@ -81,10 +81,35 @@ def tune_malloc() -> bool:
 def flush_denormals() -> bool:
     """Treat denormal floats as zero on the CPU (FTZ/DAZ), for this process; ``False`` when
     the CPU cannot. Values below ~1.2e-38 (fp32) become 0: far below anything a gradient or
-    weight update can resolve. Set ``MNISTFLOW_DENORMALS=keep`` to leave them alone."""
+    weight update can resolve. Set ``MNISTFLOW_DENORMALS=keep`` to leave them alone.
+
+    The mode is a per-thread register. Threads started later inherit it, but PyTorch's OpenMP
+    worker threads may already exist (any earlier parallel op starts them), so the setting is
+    also made on each of them: without that, half of every 2-thread op kept the slow path."""
     if os.environ.get("MNISTFLOW_DENORMALS") == "keep":
         return False
-    return bool(torch.set_flush_denormal(True))
+    if not torch.set_flush_denormal(True):
+        return False
+    return _on_each_openmp_thread(lambda: torch.set_flush_denormal(True))
+
+
+def _on_each_openmp_thread(fn) -> bool:
+    """Call ``fn`` once on every thread of the OpenMP team PyTorch's CPU ops run on, through
+    the OpenMP runtime PyTorch loaded (libgomp's ``GOMP_parallel``; LLVM's libomp exports it
+    too). ``False`` where there is none to reach."""
+    try:
+        with open("/proc/self/maps") as f:
+            libs = {line.split()[-1] for line in f if "libgomp" in line or "libomp" in line}
+        if not libs:
+            return torch.get_num_threads() == 1
+        omp = ctypes.CDLL(sorted(libs)[0])
+        callback_type = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+        callback = callback_type(lambda _: fn())  # runs on each team thread (it takes the GIL)
+        omp.GOMP_parallel.argtypes = [callback_type, ctypes.c_void_p, ctypes.c_uint, ctypes.c_uint]
+        omp.GOMP_parallel(callback, None, torch.get_num_threads(), 0)
+        return True
+    except (OSError, AttributeError):
+        return False
 
 
 def warn(message: str) -> None:
