@@ -88,7 +88,8 @@ TRAIN_HELP = {
     "schedule": "constant, step, cosine, onecycle, linear",
     "warmup": "linear warm-up: fraction of all steps (<1) or a number of steps",
     "precision": "fp32, bf16, fp16 (CUDA) or auto (bf16 where the hardware is fast at it)",
-    "threads": "intra-op CPU threads (default: $MNISTFLOW_THREADS, else usable cores / processes per machine)",
+    "threads": "intra-op CPU threads (default: $MNISTFLOW_THREADS, else the usable cores other processes "
+               "leave free, shared among the processes per machine)",
     "interop_threads": "PyTorch's inter-op threads (default: PyTorch's, the number of cores)",
     "gpu_memory_fraction": "cap this process's share of its GPU's memory, 0 < F <= 1 (CUDA only)",
     "sync_bn": "under torchrun on GPUs: batch norm statistics over the global batch",

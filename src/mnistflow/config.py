@@ -46,7 +46,8 @@ class TrainConfig:
     precision: str = "auto"  # fp32, bf16, fp16, auto
     channels_last: bool = False
     device: str = "auto"  # auto, cpu, cuda, cuda:N (among CUDA_VISIBLE_DEVICES), mps
-    threads: int | None = None  # intra-op; default $MNISTFLOW_THREADS, else cores / processes per machine
+    threads: int | None = None  # intra-op; default $MNISTFLOW_THREADS, else the cores that other
+    # processes leave free, shared among this machine's training processes
     interop_threads: int | None = None  # PyTorch's inter-op pool; default: PyTorch's (the cores)
     gpu_memory_fraction: float | None = None  # cap this process's share of its GPU's memory
     sync_bn: bool = False  # under torchrun on GPUs: batch norm statistics over the global batch

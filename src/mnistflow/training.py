@@ -150,7 +150,7 @@ class Run:
         return res
 
 
-def _threads_for_a_shared_machine(device: torch.device) -> int | None:
+def _threads_for_a_shared_machine() -> int | None:
     """The default thread count, lowered when other processes keep cores busy (only when no
     one chose: no ``--threads``, no ``$MNISTFLOW_THREADS``, not under torchrun, where the
     busy cores are the other ranks)."""
@@ -169,7 +169,7 @@ def _threads_for_a_shared_machine(device: torch.device) -> int | None:
 
 
 def _build(cfg: TrainConfig, run_dir: Path, device: torch.device, info: dist.DistInfo) -> Run:
-    threads = set_threads(cfg.threads or _threads_for_a_shared_machine(device)) if device.type == "cpu" \
+    threads = set_threads(cfg.threads or _threads_for_a_shared_machine()) if device.type == "cpu" \
         else set_threads(cfg.threads or 2)
     limit_gpu_memory(cfg.gpu_memory_fraction, device)
     if device.type == "cpu":
