@@ -16,6 +16,7 @@ import ctypes
 import ctypes.util
 import os
 import sys
+import time
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -149,8 +150,6 @@ def _jiffies(cpus: set[int]) -> tuple[int, int]:
 def busy_cores_elsewhere(sample_s: float = 0.25) -> float:
     """Cores of this process's CPU set kept busy by other processes, sampled over ``sample_s``
     while this process sleeps (Linux; 0.0 where /proc/stat is missing)."""
-    import time
-
     try:
         cpus = os.sched_getaffinity(0)
         b0, t0 = _jiffies(cpus)

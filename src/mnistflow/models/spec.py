@@ -75,7 +75,7 @@ def _layer(token: str, shape: tuple[int, ...], spec: str) -> list[tuple[str, nn.
 def _pool_before_relu(layers: list[tuple[str, nn.Module]]) -> list[tuple[str, nn.Module]]:
     """Swap every ReLU that feeds a max-pool: max(relu(a), relu(b)) == relu(max(a, b)), so the
     model computes the same function and gradients, with ReLU's forward and backward on 4x fewer
-    values (for the tutorial CNN that was ~15% of a bf16 training step on 2 cores)."""
+    values (the tutorial CNN's bf16 step on 2 cores: 17.9 -> 17.3 ms)."""
     out = list(layers)
     for i in range(len(out) - 1):
         if isinstance(out[i][1], nn.ReLU) and isinstance(out[i + 1][1], nn.MaxPool2d):
