@@ -47,6 +47,15 @@ def run_cli(*args: str, env: dict | None = None, cwd: Path | None = None, timeou
                           text=True, env=e, cwd=cwd, timeout=timeout)
 
 
+def start_serve(model: Path) -> tuple[subprocess.Popen, str]:
+    """``mnistflow serve MODEL --port 0`` in a subprocess; returns it and the first line it
+    printed (``serving ... at http://127.0.0.1:PORT/``, or what went wrong)."""
+    proc = subprocess.Popen([sys.executable, "-m", "mnistflow", "serve", str(model), "--port", "0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    return proc, proc.stdout.readline()
+
+
 def assert_one_line_error(proc, *fragments: str) -> None:
     """The contract for bad input: exit 2, ONE stderr line 'mnistflow: error: ...', no traceback."""
     assert proc.returncode == 2, (proc.returncode, proc.stderr)

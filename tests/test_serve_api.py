@@ -17,7 +17,7 @@ import httpx  # the dev extra
 import numpy as np
 import pytest
 
-from conftest import MNIST_DIR, assert_one_line_error, run_cli
+from conftest import MNIST_DIR, assert_one_line_error, run_cli, start_serve
 
 _TRAINED: dict = {}
 
@@ -357,16 +357,10 @@ def test_host_other_than_localhost_warns(serve_model, capsys, monkeypatch):
 
 def test_cli_serves_until_stopped(serve_model):
     """``mnistflow serve RUN --port 0`` prints its URL, answers, and stops on SIGINT."""
-    import os
     import signal
-    import subprocess
-    import sys
 
-    proc = subprocess.Popen([sys.executable, "-m", "mnistflow", "serve", str(serve_model), "--port", "0"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    proc, line = start_serve(serve_model)
     try:
-        line = proc.stdout.readline()
         assert "serving fast (pytorch) at http://127.0.0.1:" in line, (line, proc.stderr.read() if proc.poll() else "")
         url = line.split(" at ")[1].split()[0]
         assert httpx.get(url + "healthz", timeout=30).json()["status"] == "ok"

@@ -11,16 +11,14 @@ used and does not work offline.
 """
 from __future__ import annotations
 
-import os
 import shutil
 import signal
 import subprocess
-import sys
 
 import numpy as np
 import pytest
 
-from conftest import REPO
+from conftest import REPO, start_serve
 from test_serve_api import png, real_digits, serve_model  # noqa: F401  (one trained model for all serve tests)
 
 ARTIFACTS = REPO / "test-artifacts"
@@ -42,11 +40,8 @@ def chromium() -> str:
 @pytest.fixture(scope="module")
 def server_url(serve_model):
     """``mnistflow serve RUN --port 0`` in a subprocess; its URL from the first line it prints."""
-    proc = subprocess.Popen([sys.executable, "-m", "mnistflow", "serve", str(serve_model), "--port", "0"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    proc, line = start_serve(serve_model)
     try:
-        line = proc.stdout.readline()
         if " at http://127.0.0.1:" not in line:
             proc.kill()
             pytest.fail(f"mnistflow serve did not start: {line}{proc.stderr.read()}")
