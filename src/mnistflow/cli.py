@@ -94,6 +94,10 @@ TRAIN_HELP = {
     "gpu_memory_fraction": "cap this process's share of its GPU's memory, 0 < F <= 1 (CUDA only)",
     "sync_bn": "under torchrun on GPUs: batch norm statistics over the global batch",
     "batch_size": "per process; under torchrun the global batch is this x processes",
+    "train_on": "train, or train+val: every labelled image (no validation passes then)",
+    "tta": "test-time augmentation: also average the predictions for N images shifted by one "
+           "pixel (2: left/right, 4: + up/down, 8: + diagonals) in evaluations",
+    "whiten": "initialise the first convolution to whiten its input patches (from 1,000 training images)",
     "resident": "keep the data on the device: auto (when it fits), yes, or no (stream it from disk)",
     "memory_cap_mb": "refuse settings estimated to need more memory than this (default: what is free)",
     "profile_steps": "A:B profiles optimizer steps A..B: Chrome trace, op tables, step breakdown",
@@ -232,6 +236,8 @@ def _add_eval(sub) -> None:
     p.add_argument("--data", type=Path, help="records or raw data (default: the model's own records)")
     p.add_argument("--device", default="auto")
     p.add_argument("--batch-size", type=int, default=2000)
+    p.add_argument("--tta", type=int, default=0, metavar="N",
+                   help="average each prediction over N one-pixel shifts too (0, 2, 4, 8), as --tta in training")
     p.add_argument("--json", action="store_true", help="print the result as one JSON object")
     p.set_defaults(func=_run_eval)
 
@@ -242,7 +248,7 @@ def _run_eval(a) -> int:
     from .inference import evaluate, format_eval
 
     res = evaluate(a.model, a.split, data=a.data, device=a.device, batch_size=a.batch_size,
-                   model_name=a.model_name)
+                   model_name=a.model_name, tta=a.tta)
     print(json.dumps(res) if a.json else format_eval(res))
     return 0
 

@@ -40,6 +40,9 @@ class TrainConfig:
     step_gamma: float = 0.7
     label_smoothing: float = 0.0
     augment: bool = False  # on-device augmentation
+    train_on: str = "train"  # train, or train+val: every labelled image (then no validation split)
+    tta: int = 0  # test-time augmentation: average over this many extra 1-pixel shifts (0, 2, 4, 8)
+    whiten: bool = False  # first convolution initialised to whiten its input patches (data-dependent)
     drop_last: bool = False  # the short last batch: drop it (stable shapes) or keep it
     # numerics and devices
     seed: int = 0
@@ -71,6 +74,10 @@ class TrainConfig:
     tensorboard: bool = True
     json: bool = False
     quiet: bool = False
+
+
+TRAIN_ON = ("train", "train+val")
+TTA_VIEWS = (0, 2, 4, 8)  # extra views: left/right, + up/down, + the diagonals
 
 
 def field_names() -> set[str]:
@@ -127,6 +134,13 @@ def validate(cfg: TrainConfig) -> None:
         raise MnistflowError(f"--precision must be one of auto, fp32, bf16, fp16; got '{cfg.precision}'")
     if not 0 <= cfg.label_smoothing < 1:
         raise MnistflowError(f"--label-smoothing must be in [0, 1), got {cfg.label_smoothing}")
+    if cfg.train_on not in TRAIN_ON:
+        raise MnistflowError(f"--train-on must be one of {', '.join(TRAIN_ON)}; got '{cfg.train_on}'")
+    if cfg.train_on == "train+val" and cfg.target_acc is not None and cfg.target_split == "val":
+        raise MnistflowError("--target-acc is measured on the validation split, which --train-on "
+                             "train+val trains on: add --target-split test")
+    if cfg.tta not in TTA_VIEWS:
+        raise MnistflowError(f"--tta must be one of {', '.join(map(str, TTA_VIEWS))}; got {cfg.tta}")
     if cfg.resident not in ("auto", "yes", "no"):
         raise MnistflowError(f"--resident must be auto, yes or no; got '{cfg.resident}'")
     if cfg.profile_steps is not None:

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 
 from . import dist
 from .errors import MnistflowError
+from .data.augment import tta_logits
 from .runtime import Amp
 
 
@@ -166,9 +167,11 @@ def train_one_epoch(model: nn.Module, loader, optimizer: torch.optim.Optimizer, 
 
 
 @torch.inference_mode()
-def evaluate(model: nn.Module, loader, amp: Amp, num_classes: int, *, confusion: bool = False) -> dict:
+def evaluate(model: nn.Module, loader, amp: Amp, num_classes: int, *, confusion: bool = False,
+             tta: int = 0) -> dict:
     """Loss and accuracy over the whole loader; with ``confusion``, the confusion matrix
-    (rows: true class, columns: predicted) and per-class accuracy.
+    (rows: true class, columns: predicted) and per-class accuracy. ``tta`` > 0: predictions
+    averaged over each image and that many one-pixel shifts of it (``augment.tta_logits``).
 
     A loader with ``world_size > 1`` is this rank's shard (``pad=False``: each image on one
     rank): the sums are all-reduced, so every rank returns the whole split's numbers."""
@@ -181,7 +184,7 @@ def evaluate(model: nn.Module, loader, amp: Amp, num_classes: int, *, confusion:
     n = 0
     for xb, yb in loader:
         with amp.autocast():
-            logits = model(xb)
+            logits = tta_logits(model, xb, tta)
         loss_sum += F.cross_entropy(logits.float(), yb, reduction="sum")
         pred = logits.argmax(1)
         correct += (pred == yb).sum()

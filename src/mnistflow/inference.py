@@ -13,6 +13,7 @@ import torch
 from .artifacts import ModelInfo, OnnxModule, load_any
 from .data.loader import make_loader
 from .data.records import open_records
+from .config import TTA_VIEWS
 from .errors import MnistflowError
 from .runtime import Amp, pick_device, set_threads
 
@@ -36,10 +37,13 @@ def _load(model_path, model_name, dev, data):
 
 def evaluate(model_path: str | Path, split: str = "test", *, data: str | Path | None = None,
              device: str = "auto", batch_size: int = 2000, threads: int | None = None,
-             model_name: str | None = None) -> dict:
-    """Accuracy, loss, per-class accuracy and confusion matrix of a trained model on ``split``."""
+             model_name: str | None = None, tta: int = 0) -> dict:
+    """Accuracy, loss, per-class accuracy and confusion matrix of a trained model on ``split``;
+    ``tta`` > 0 averages each prediction over that many one-pixel shifts too (0, 2, 4, 8)."""
     from .engine import evaluate as run_eval
 
+    if tta not in TTA_VIEWS:
+        raise MnistflowError(f"--tta must be one of {', '.join(map(str, TTA_VIEWS))}; got {tta}")
     dev = pick_device(device)
     set_threads(threads)
     model, info, dev = _load(model_path, model_name, dev, data)
@@ -48,8 +52,8 @@ def evaluate(model_path: str | Path, split: str = "test", *, data: str | Path | 
         raise MnistflowError(f"records hold {rec.shape} images but the model takes "
                              f"{tuple(info.in_shape)} (C, H, W)", rec.path)
     loader = make_loader(rec, split, batch_size=batch_size, device=dev, train=False)
-    res = run_eval(model, loader, Amp.create("fp32", dev), info.num_classes, confusion=True)
-    res.update(split=split, model=info.model, class_names=info.class_names, records=str(rec.path))
+    res = run_eval(model, loader, Amp.create("fp32", dev), info.num_classes, confusion=True, tta=tta)
+    res.update(split=split, tta=tta, model=info.model, class_names=info.class_names, records=str(rec.path))
     return res
 
 
@@ -58,7 +62,8 @@ def format_eval(res: dict) -> str:
     names = res["class_names"]
     w = max(5, max(len(n) for n in names))
     lines = [f"{res['model']} on {res['split']} ({res['n']:,} images): accuracy "
-             f"{100 * res['acc']:.2f}%  loss {res['loss']:.4f}", "",
+             f"{100 * res['acc']:.2f}%  loss {res['loss']:.4f}"
+             + (f"  (mean of {res['tta'] + 1} shifted views)" if res.get("tta") else ""), "",
              f"{'class':<{w}}  accuracy"]
     lines += [f"{n:<{w}}  {100 * a:7.2f}%" for n, a in zip(names, res["per_class_acc"])]
     cw = max(5, max(len(str(v)) for row in res["confusion"] for v in row) + 1)

@@ -133,11 +133,12 @@ class Run:
         loader = self.val_loader if split == "val" else self.test_loader
         t0 = time.perf_counter()
         # The plain module: under torch.compile the train/eval switch would recompile.
-        res = evaluate(self.raw_model, loader, self.amp, self.rec.num_classes)
+        res = evaluate(self.raw_model, loader, self.amp, self.rec.num_classes, tta=self.cfg.tta)
         res.update(split=split, eval_s=time.perf_counter() - t0)
         self.eval_s += res["eval_s"]
         state.metrics[f"{split}_acc"] = res["acc"]
         state.metrics[f"{split}_loss"] = res["loss"]
+        state.metrics[f"{split}_step"] = step
         call(self.hooks, "on_eval", step, res)
         cfg = self.cfg
         if cfg.target_acc is not None and self.time_to_target is None:
@@ -179,7 +180,7 @@ def _build(cfg: TrainConfig, run_dir: Path, device: torch.device, info: dist.Dis
     with dist.local_rank_zero_first(info):  # one process per machine prepares the cache
         rec = resolve_records(cfg)
     h, w, c = rec.shape
-    n_train = rec.meta["splits"]["train"]
+    n_train = rec.size(cfg.train_on)
     if cfg.batch_size != "auto" and cfg.batch_size > n_train:
         raise MnistflowError(f"--batch-size {cfg.batch_size} is larger than the training set "
                              f"({n_train:,} images)", rec.path)
@@ -200,6 +201,11 @@ def _build(cfg: TrainConfig, run_dir: Path, device: torch.device, info: dist.Dis
         cfg.batch_size, why = dist.broadcast_object(choice)  # every rank trains with rank 0's choice
         if info.is_primary and not cfg.quiet:
             print(f"batch size auto: {cfg.batch_size} ({why})")
+    if cfg.whiten:
+        from .models.whiten import first_conv
+
+        if first_conv(model) is None:
+            raise MnistflowError(f"--whiten needs a model with a convolution; {cfg.model} has none")
     _preflight_memory(cfg, rec, model, (c, h, w))
     optimizer = build_optimizer(cfg.optimizer, model.parameters(), cfg.lr, momentum=cfg.momentum,
                                 nesterov=cfg.nesterov, weight_decay=cfg.weight_decay)
@@ -215,11 +221,11 @@ def _build(cfg: TrainConfig, run_dir: Path, device: torch.device, info: dist.Dis
     delay = float(os.environ.get("MNISTFLOW_INJECT_DATA_DELAY", 0) or 0)  # tests: a slow reader
     common = dict(device=device, channels_last=cfg.channels_last, resident="no" if delay else cfg.resident,
                   rank=info.rank, world_size=info.world_size)
-    train_loader = make_loader(rec, "train", batch_size=cfg.batch_size, seed=cfg.seed,
+    train_loader = make_loader(rec, cfg.train_on, batch_size=cfg.batch_size, seed=cfg.seed,
                                drop_last=drop_last, augment=cfg.augment, delay_s=delay, **common)
     # evaluation shards count every image once (no padding); the sums are all-reduced
     val_loader = (make_loader(rec, "val", batch_size=cfg.eval_batch_size, train=False, pad=False, **common)
-                  if rec.has("val") else None)
+                  if rec.has("val") and cfg.train_on == "train" else None)  # never score training images
     test_loader = (make_loader(rec, "test", batch_size=cfg.eval_batch_size, train=False, pad=False, **common)
                    if rec.has("test") else None)
     if info.is_primary:
@@ -272,7 +278,7 @@ class TrainingInterrupted(KeyboardInterrupt):
 # them would not continue the same run, so it is refused. Others (epochs, lr, ...) may change.
 # batch_size is compared as the global batch (batch_size x processes): resuming under torchrun
 # with another number of processes is allowed when the global batch stays the same.
-RESUME_IDENTITY = ("model", "seed", "batch_size", "drop_last", "augment", "optimizer")
+RESUME_IDENTITY = ("model", "seed", "batch_size", "drop_last", "augment", "optimizer", "train_on")
 
 
 def data_fingerprint(rec: Records) -> dict:
@@ -606,7 +612,7 @@ def _fit(cfg: TrainConfig, device: torch.device, info: dist.DistInfo) -> dict:
         run.hooks.append(ckpt)  # after PeriodicEval: a checkpoint includes this step's evaluation
     run.console = console
     console.message(
-        f"training {cfg.model} on {run.rec.name} ({run.rec.meta['splits']['train']:,} images, "
+        f"training {cfg.model} on {run.rec.name} {cfg.train_on} ({run.rec.size(cfg.train_on):,} images, "
         f"{run.rec.num_classes} classes) | {run.device} {run.precision}"
         f"{' channels_last' if cfg.channels_last else ''} threads={torch.get_num_threads()} | "
         f"batch {cfg.batch_size * info.world_size} x {total} steps | {run.run_dir}")
@@ -631,6 +637,8 @@ def _fit(cfg: TrainConfig, device: torch.device, info: dist.DistInfo) -> dict:
                             f"{display(moved[0].parent)}")
     start_samples = state.samples
     run.t_start = time.perf_counter()
+    if cfg.whiten and payload is None and not cfg.init_from:  # data-dependent init: training time
+        _whiten(run, console)
     with _SignalHandlers(pending, quiet=not primary) if catch_signals else contextlib.nullcontext(), guard:
         while not state.stop and state.step < total:
             run.train_loader.set_epoch(state.epoch, state.step_in_epoch)
@@ -660,8 +668,9 @@ def _fit(cfg: TrainConfig, device: torch.device, info: dist.DistInfo) -> dict:
                                   run.run_dir, rank=info.rank, world_size=info.world_size)
     test = None
     if run.test_loader is not None:
-        test = run.validate(state.step, state, "test") if "test_acc" not in state.metrics or \
-            cfg.target_split != "test" else {"acc": state.metrics["test_acc"]}
+        # the test pass of this very step (records without a val split, or a target on test) counts
+        test = {"acc": state.metrics["test_acc"]} if state.metrics.get("test_step") == state.step \
+            else run.validate(state.step, state, "test")
     wall = time.perf_counter() - run.t_start
     # Training throughput counts the steps only: wall time less evaluations and checkpoint writes.
     train_s = wall - run.eval_s - (ckpt.save_s if ckpt is not None else 0.0)
@@ -683,6 +692,24 @@ def _fit(cfg: TrainConfig, device: torch.device, info: dist.DistInfo) -> dict:
     return _finish(run, state, wall, train_s, test, rz.metrics, rz.tb, state.samples - start_samples,
                    resumed_from=resume_path, checkpoint_path=ckpt.last_path if ckpt else None,
                    warnings=warnings, ranks_in_sync=in_sync)
+
+
+WHITEN_IMAGES = 1000
+
+
+def _whiten(run: Run, console: ConsoleLogger) -> None:
+    """``--whiten``: the first convolution from the patches of the first 1,000 training images
+    (the same on every rank; rank 0's weights are broadcast all the same)."""
+    from .models.whiten import first_conv, whiten_first_conv
+
+    x = run.rec.split("train")[0][:WHITEN_IMAGES]
+    loader = run.train_loader
+    xb = torch.from_numpy(np.array(x)).to(run.device).permute(0, 3, 1, 2).float()
+    xb = ((xb - loader.mean) * loader.inv_std).contiguous(
+        memory_format=torch.channels_last if run.cfg.channels_last else torch.contiguous_format)
+    console.message(whiten_first_conv(run.raw_model, xb))
+    if run.info.enabled:
+        torch.distributed.broadcast(first_conv(run.raw_model)[1].weight.data, 0)
 
 
 def _init_from(run: Run, cfg: TrainConfig, console: ConsoleLogger) -> None:
@@ -727,6 +754,7 @@ def _finish(run: Run, state: TrainState, wall: float, train_s: float, test, metr
         **{k: round(v, 1) for k, v in gpu_peaks_mb(run.device).items()},
         "val_acc": state.metrics.get("val_acc"),
         "test_acc": state.metrics.get("test_acc"),
+        "tta": cfg.tta,  # the accuracies above average over this many extra shifted views
         "stop_reason": state.stop_reason or ("max_steps" if cfg.max_steps and state.step >= cfg.max_steps
                                              else "epochs"),
         "model": cfg.model,
@@ -774,7 +802,8 @@ def end_of_run_table(s: dict, target: float | None) -> str:
                                     f"{s['gpu_peak_reserved_mb']:,.0f} MB reserved")]
                if "gpu_peak_allocated_mb" in s else []),
              ("val accuracy", pct(s["val_acc"])),
-             ("test accuracy", pct(s["test_acc"])),
+             ("test accuracy", pct(s["test_acc"]) + (f" (mean of {s['tta'] + 1} shifted views)"
+                                                     if s.get("tta") and s["test_acc"] is not None else "")),
              ("run directory", s["run_dir"])]
     w = max(len(k) for k, _ in rows)
     line = "-" * (w + 3 + max(len(v) for _, v in rows))

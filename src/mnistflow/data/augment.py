@@ -33,6 +33,32 @@ def shift_rotate(x: torch.Tensor, gen: torch.Generator | None = None, max_shift:
 DRAWS = 3  # random numbers per image that shift_rotate takes from its generator
 
 
+TTA_SHIFTS = ((0, -1), (0, 1), (-1, 0), (1, 0), (-1, -1), (1, 1), (-1, 1), (1, -1))  # (dy, dx)
+
+
+def shifted(x: torch.Tensor, dy: int, dx: int) -> torch.Tensor:
+    """``x`` (N, C, H, W) moved by (dy, dx) pixels (|d| <= 1), the edge repeated into the gap;
+    the memory format of ``x`` is kept."""
+    h, w = x.shape[-2:]
+    p = F.pad(x, (1, 1, 1, 1), mode="replicate")
+    out = p[..., 1 - dy:1 - dy + h, 1 - dx:1 - dx + w]
+    fmt = torch.channels_last if x.is_contiguous(memory_format=torch.channels_last) and x.shape[1] > 1 \
+        else torch.contiguous_format
+    return out.contiguous(memory_format=fmt)
+
+
+def tta_logits(model, x: torch.Tensor, views: int) -> torch.Tensor:
+    """Log of the class probabilities averaged over ``x`` and ``views`` one-pixel shifts of it
+    (the first ``views`` of ``TTA_SHIFTS``): usable as logits for argmax and cross-entropy."""
+    logits = model(x)
+    if not views:
+        return logits
+    probs = logits.float().softmax(1)
+    for dy, dx in TTA_SHIFTS[:views]:
+        probs += model(shifted(x, dy, dx)).float().softmax(1)
+    return (probs / (views + 1)).log()
+
+
 def skip_batches(gen: torch.Generator, batches: int, batch_size: int, channels: int) -> None:
     """Advance ``gen`` past ``batches`` batches of ``augment_batch`` (a resume mid-epoch):
     the same draws, without the images."""

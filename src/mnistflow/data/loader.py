@@ -238,7 +238,7 @@ def make_loader(rec, split: str, *, batch_size: int, device: torch.device | str 
     device = torch.device(device)
     x, y = rec.split(split)
     xs = [x] + ([rec.split(split, k)[0] for k in range(1, rec.variants + 1)]
-                if train and split == "train" else [])
+                if train and split.startswith("train") else [])
     nbytes = sum(a.nbytes for a in xs)
     if resident == "auto":
         resident = "yes" if fits_in_memory(nbytes, device) and not delay_s else "no"

@@ -63,10 +63,22 @@ class Records:
         return int(self.meta.get("variants", 0))
 
     def has(self, split: str) -> bool:
-        return self.meta["splits"].get(split, 0) > 0
+        return self.size(split) > 0
+
+    def size(self, split: str) -> int:
+        """Images in ``split``; ``"train+val"`` counts both."""
+        return sum(self.meta["splits"].get(s, 0) for s in split.split("+"))
 
     def split(self, split: str, variant: int = 0) -> tuple[np.ndarray, np.ndarray]:
-        """(images, labels) of ``split``; ``variant`` k > 0 picks augmented copy k of train."""
+        """(images, labels) of ``split``; ``variant`` k > 0 picks augmented copy k of train.
+
+        ``"train+val"``: all labelled images, train's then val's, copied into memory once
+        (the validation images are never augmented copies)."""
+        if "+" in split:
+            parts = [self.split(s, variant if s == "train" else 0) for s in split.split("+") if self.has(s)]
+            if not parts:
+                raise MnistflowError(f"has no '{split}' split", self.path)
+            return np.concatenate([x for x, _ in parts]), np.concatenate([y for _, y in parts])
         if not self.has(split):
             raise MnistflowError(f"has no '{split}' split", self.path)
         xname = f"{split}_x.npy" if variant == 0 else f"{split}_x.aug{variant}.npy"
