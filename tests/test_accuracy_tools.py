@@ -10,7 +10,7 @@ import torch
 
 from conftest import assert_one_line_error, run_cli
 from mnistflow.data.augment import TTA_SHIFTS, shifted, tta_logits
-from mnistflow.data.loader import make_loader
+from mnistflow.data.loader import make_loader, normalized_batch
 from mnistflow.data.records import open_records
 from mnistflow.inference import evaluate
 from mnistflow.models import create_model
@@ -22,8 +22,7 @@ QUIET = dict(quiet=True, threads=1, tensorboard=False)
 
 def _images(records, n=2000, split="train") -> torch.Tensor:
     rec = open_records(records)
-    x = torch.from_numpy(np.array(rec.split(split)[0][:n])).permute(0, 3, 1, 2).float()
-    return (x - rec.mean[0]) / rec.std[0]
+    return normalized_batch(rec.split(split)[0][:n], rec.mean, rec.std)
 
 
 def test_train_plus_val_is_every_labelled_image(mnist_records):

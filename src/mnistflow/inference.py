@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from .artifacts import ModelInfo, OnnxModule, load_any
-from .data.loader import make_loader
+from .data.loader import make_loader, normalized_batch
 from .data.records import open_records
 from .config import TTA_VIEWS
 from .errors import MnistflowError
@@ -102,12 +102,8 @@ def _read_images(paths: list[Path]) -> list[tuple[str, np.ndarray]]:
 @torch.inference_mode()
 def predict_arrays(model: torch.nn.Module, info: ModelInfo, images: np.ndarray) -> np.ndarray:
     """Class probabilities (N, K) for uint8 images (N, H, W, C) already at the model's size."""
-    dev = next(model.parameters()).device
-    x = torch.from_numpy(np.ascontiguousarray(images)).to(dev).permute(0, 3, 1, 2).float()
-    c = x.shape[1]
-    mean = torch.tensor(info.mean, device=dev).view(1, c, 1, 1)
-    std = torch.tensor(info.std, device=dev).view(1, c, 1, 1)
-    return torch.softmax(model((x - mean) / std).float(), 1).cpu().numpy()
+    x = normalized_batch(images, info.mean, info.std, next(model.parameters()).device)
+    return torch.softmax(model(x).float(), 1).cpu().numpy()
 
 
 def predict(model_path: str | Path, images: list[str | Path], *, invert: bool | None = False,

@@ -48,7 +48,7 @@ from . import config as configmod
 from . import dist
 from .artifacts import MODEL_FILE, ModelInfo, info_from_records, save_model, unwrap
 from .config import TrainConfig
-from .data.loader import make_loader
+from .data.loader import make_loader, normalized_batch
 from .data.records import Records, open_records
 from .engine import TrainState, call, evaluate, train_one_epoch
 from .errors import MnistflowError, display
@@ -702,11 +702,8 @@ def _whiten(run: Run, console: ConsoleLogger) -> None:
     (the same on every rank; rank 0's weights are broadcast all the same)."""
     from .models.whiten import first_conv, whiten_first_conv
 
-    x = run.rec.split("train")[0][:WHITEN_IMAGES]
-    loader = run.train_loader
-    xb = torch.from_numpy(np.array(x)).to(run.device).permute(0, 3, 1, 2).float()
-    xb = ((xb - loader.mean) * loader.inv_std).contiguous(
-        memory_format=torch.channels_last if run.cfg.channels_last else torch.contiguous_format)
+    xb = normalized_batch(run.rec.split("train")[0][:WHITEN_IMAGES], run.rec.mean, run.rec.std,
+                          run.device, run.cfg.channels_last)
     console.message(whiten_first_conv(run.raw_model, xb))
     if run.info.enabled:
         torch.distributed.broadcast(first_conv(run.raw_model)[1].weight.data, 0)

@@ -217,6 +217,18 @@ class StreamLoader:
             self.start_batch = 0
 
 
+def normalized_batch(images: np.ndarray, mean, std, device: torch.device | str = "cpu",
+                     channels_last: bool = False) -> torch.Tensor:
+    """uint8 images (N, H, W, C) as the normalized float32 batch (N, C, H, W) models take,
+    the way the loaders make each batch (``mean``/``std`` per channel, in 0..255 units)."""
+    x = torch.from_numpy(np.array(images)).to(device).permute(0, 3, 1, 2).float()  # a copy: mmaps are read-only
+    c = x.shape[1]
+    mean = torch.as_tensor(mean, dtype=torch.float32, device=x.device).view(1, c, 1, 1)
+    std = torch.as_tensor(std, dtype=torch.float32, device=x.device).view(1, c, 1, 1)
+    return ((x - mean) / std).contiguous(memory_format=torch.channels_last if channels_last
+                                         else torch.contiguous_format)
+
+
 def fits_in_memory(nbytes: int, device: torch.device) -> bool:
     """True when a resident copy of ``nbytes`` leaves at least half the free memory."""
     if device.type == "cuda":
