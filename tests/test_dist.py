@@ -164,6 +164,17 @@ def test_two_processes_train_like_one_with_the_global_batch(mnist_records, tmp_p
     print(f"max |w(1 x 64) - w(2 x 32)| = {worst:.3g}; torchrun run {elapsed:.1f} s")
 
 
+def test_whiten_under_torchrun_gives_every_rank_the_same_start(mnist_records, tmp_path):
+    """--whiten is data-dependent: each rank computes it from the same images, rank 0's result
+    is broadcast, and the ranks stay bit-for-bit in sync."""
+    proc = torchrun("train", "--model", SPEC, "--data", str(mnist_records), "--batch-size", "32",
+                    "--max-steps", "3", "--no-tensorboard", "--json", "--whiten", "--run-dir",
+                    str(tmp_path / "run"), *COMMON, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.count("whitened conv1: 8 of 8 filters from 784,000 patches of 25 values") == 1
+    assert json.loads(proc.stdout.strip().splitlines()[-1])["ranks_in_sync"] is True
+
+
 def test_nproc_launcher_and_resume_with_another_number_of_processes(mnist_records, tmp_path):
     """1 process (batch 64) to step 20, resumed by `--nproc 2` (batch 32 chosen) to step 40,
     equals 40 uninterrupted steps; a resume that changes the global batch is refused."""
