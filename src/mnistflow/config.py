@@ -80,6 +80,12 @@ TRAIN_ON = ("train", "train+val")
 TTA_VIEWS = (0, 2, 4, 8)  # extra views: left/right, + up/down, + the diagonals
 
 
+def check_tta(views: int) -> None:
+    """``--tta`` of ``train`` and ``eval``: one of ``TTA_VIEWS``."""
+    if views not in TTA_VIEWS:
+        raise MnistflowError(f"--tta must be one of {', '.join(map(str, TTA_VIEWS))}; got {views}")
+
+
 def field_names() -> set[str]:
     return {f.name for f in fields(TrainConfig)}
 
@@ -139,8 +145,7 @@ def validate(cfg: TrainConfig) -> None:
     if cfg.train_on == "train+val" and cfg.target_acc is not None and cfg.target_split == "val":
         raise MnistflowError("--target-acc is measured on the validation split, which --train-on "
                              "train+val trains on: add --target-split test")
-    if cfg.tta not in TTA_VIEWS:
-        raise MnistflowError(f"--tta must be one of {', '.join(map(str, TTA_VIEWS))}; got {cfg.tta}")
+    check_tta(cfg.tta)
     if cfg.resident not in ("auto", "yes", "no"):
         raise MnistflowError(f"--resident must be auto, yes or no; got '{cfg.resident}'")
     if cfg.profile_steps is not None:

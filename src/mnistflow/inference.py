@@ -13,7 +13,7 @@ import torch
 from .artifacts import ModelInfo, OnnxModule, load_any
 from .data.loader import make_loader, normalized_batch
 from .data.records import open_records
-from .config import TTA_VIEWS
+from .config import check_tta
 from .errors import MnistflowError
 from .runtime import Amp, pick_device, set_threads
 
@@ -42,8 +42,7 @@ def evaluate(model_path: str | Path, split: str = "test", *, data: str | Path | 
     ``tta`` > 0 averages each prediction over that many one-pixel shifts too (0, 2, 4, 8)."""
     from .engine import evaluate as run_eval
 
-    if tta not in TTA_VIEWS:
-        raise MnistflowError(f"--tta must be one of {', '.join(map(str, TTA_VIEWS))}; got {tta}")
+    check_tta(tta)
     dev = pick_device(device)
     set_threads(threads)
     model, info, dev = _load(model_path, model_name, dev, data)

@@ -201,11 +201,10 @@ def _build(cfg: TrainConfig, run_dir: Path, device: torch.device, info: dist.Dis
         cfg.batch_size, why = dist.broadcast_object(choice)  # every rank trains with rank 0's choice
         if info.is_primary and not cfg.quiet:
             print(f"batch size auto: {cfg.batch_size} ({why})")
-    if cfg.whiten:
+    if cfg.whiten:  # a model it cannot whiten fails here, before any work
         from .models.whiten import first_conv
 
-        if first_conv(model) is None:
-            raise MnistflowError(f"--whiten needs a model with a convolution; {cfg.model} has none")
+        first_conv(model, cfg.model)
     _preflight_memory(cfg, rec, model, (c, h, w))
     optimizer = build_optimizer(cfg.optimizer, model.parameters(), cfg.lr, momentum=cfg.momentum,
                                 nesterov=cfg.nesterov, weight_decay=cfg.weight_decay)
@@ -706,7 +705,8 @@ def _whiten(run: Run, console: ConsoleLogger) -> None:
                           run.device, run.cfg.channels_last)
     console.message(whiten_first_conv(run.raw_model, xb))
     if run.info.enabled:
-        torch.distributed.broadcast(first_conv(run.raw_model)[1].weight.data, 0)
+        for p in first_conv(run.raw_model)[1].parameters():  # weight and bias
+            torch.distributed.broadcast(p.data, 0)
 
 
 def _init_from(run: Run, cfg: TrainConfig, console: ConsoleLogger) -> None:

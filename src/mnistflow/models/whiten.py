@@ -22,13 +22,16 @@ class _Captured(Exception):
     pass
 
 
-def first_conv(model: nn.Module) -> tuple[str, nn.Conv2d] | None:
+def first_conv(model: nn.Module, model_name: str = "this model") -> tuple[str, nn.Conv2d]:
     """The first ``nn.Conv2d`` in registration order (the first one data meets in the
-    sequential models registered here), with its name."""
+    sequential models registered here), with its name; an error when ``--whiten`` cannot use it."""
     for name, mod in model.named_modules():
         if isinstance(mod, nn.Conv2d):
+            if mod.groups != 1:
+                raise MnistflowError(f"--whiten: the first convolution of {model_name} ({name}) is "
+                                     "grouped; it needs a plain one")
             return name, mod
-    return None
+    raise MnistflowError(f"--whiten needs a model with a convolution; {model_name} has none")
 
 
 def _padding(conv: nn.Conv2d) -> tuple[int, int]:
@@ -47,12 +50,7 @@ def whiten_first_conv(model: nn.Module, images: torch.Tensor, eps: float = 1e-2)
     ``eps`` is added to every variance (inputs are standardized, so it is in those units):
     it keeps the many near-empty directions of MNIST's black borders from being blown up.
     """
-    found = first_conv(model)
-    if found is None:
-        raise MnistflowError("--whiten needs a model with a convolution; this one has none")
-    name, conv = found
-    if conv.groups != 1:
-        raise MnistflowError(f"--whiten: the first convolution ({name}) is grouped; it needs a plain one")
+    name, conv = first_conv(model)
     seen: dict[str, torch.Tensor] = {}
 
     def grab(_mod, args):
