@@ -24,7 +24,7 @@ def test_softmax_gate(mnist_records, tmp_path):
 def test_fast_recipe_gate(mnist_records, tmp_path):
     """The time-to-accuracy recipe: >= 98.8% test accuracy (an accuracy gate, not a timing)."""
     s = train(recipe="fast", data=mnist_records, run_dir=tmp_path / "run", tensorboard=False, **QUIET)
-    assert s["epochs"] == pytest.approx(0.9, abs=0.01) and s["test_acc"] >= 0.988, s
+    assert s["epochs"] == pytest.approx(0.55, abs=0.01) and s["test_acc"] >= 0.988, s
     assert s["val_acc"] is None  # no validation passes inside the timed run
 
 
@@ -107,9 +107,10 @@ def test_target_accuracy_stops_early(mnist_records, tmp_path):
 
 @pytest.mark.parametrize("opt", OPTIMIZERS)
 def test_every_optimizer_learns(mnist_records, tmp_path, opt):
-    lr = {"sgd": 0.1, "momentum": 0.05, "adadelta": 1.0, "adagrad": 0.05}.get(opt, 1e-3)
-    s = train(model="softmax", optimizer=opt, lr=lr, data=mnist_records, run_dir=tmp_path / "r",
-              max_steps=60, batch_size=100, tensorboard=False, **QUIET)
+    lr = {"sgd": 0.1, "momentum": 0.05, "adadelta": 1.0, "adagrad": 0.05, "muon": 0.05}.get(opt, 1e-3)
+    # muon orthogonalizes hidden matrices only: softmax has none, the mlp has two
+    s = train(model="mlp" if opt == "muon" else "softmax", optimizer=opt, lr=lr, data=mnist_records,
+              run_dir=tmp_path / "r", max_steps=60, batch_size=100, tensorboard=False, **QUIET)
     assert s["val_acc"] > 0.75, (opt, s)
 
 

@@ -84,7 +84,10 @@ TRAIN_HELP = {
     "max_steps": "stop after this many steps",
     "target_acc": "stop once this accuracy (e.g. 0.99) is reached; reports the time to it",
     "target_split": "split the target is measured on: val or test",
-    "optimizer": "sgd, momentum, adadelta, adagrad, adam, adamw, rmsprop",
+    "optimizer": "sgd, momentum, adadelta, adagrad, adam, adamw, rmsprop, muon (orthogonalized "
+                 "updates for the hidden weight matrices, Nesterov SGD for the rest)",
+    "muon_lr": "--optimizer muon: learning rate of the hidden weight matrices (--lr: the rest)",
+    "muon_momentum": "--optimizer muon: momentum of the hidden weight matrices",
     "schedule": "constant, step, cosine, onecycle, linear",
     "warmup": "linear warm-up: fraction of all steps (<1) or a number of steps",
     "precision": "fp32, bf16, fp16 (CUDA) or auto (bf16 where the hardware is fast at it)",

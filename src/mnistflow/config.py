@@ -34,6 +34,8 @@ class TrainConfig:
     momentum: float = 0.9
     nesterov: bool = False
     weight_decay: float = 0.0
+    muon_lr: float = 0.1  # --optimizer muon: learning rate of the orthogonalized matrices
+    muon_momentum: float = 0.8  # --optimizer muon: their momentum
     schedule: str = "constant"  # constant, step, cosine, onecycle, linear
     warmup: float = 0.0  # warm-up length as a fraction of all steps (or steps when >= 1)
     step_every: float = 1.0  # step schedule: epochs between decays
@@ -126,6 +128,10 @@ def validate(cfg: TrainConfig) -> None:
     """Impossible settings fail before any work starts."""
     if cfg.lr <= 0:
         raise MnistflowError(f"--lr must be positive, got {cfg.lr}")
+    if cfg.muon_lr <= 0:
+        raise MnistflowError(f"--muon-lr must be positive, got {cfg.muon_lr}")
+    if not 0 <= cfg.muon_momentum < 1:
+        raise MnistflowError(f"--muon-momentum must be in [0, 1), got {cfg.muon_momentum}")
     if cfg.batch_size != "auto" and (not isinstance(cfg.batch_size, int) or cfg.batch_size <= 0):
         raise MnistflowError(f"--batch-size must be a positive integer or auto, got {cfg.batch_size}")
     if cfg.epochs <= 0:

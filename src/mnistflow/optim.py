@@ -5,7 +5,7 @@ import math
 
 import torch
 
-OPTIMIZERS = ("sgd", "momentum", "adadelta", "adagrad", "adam", "adamw", "rmsprop")
+OPTIMIZERS = ("sgd", "momentum", "adadelta", "adagrad", "adam", "adamw", "rmsprop", "muon")
 SCHEDULES = ("constant", "step", "cosine", "onecycle", "linear")
 
 
@@ -13,8 +13,10 @@ _FUSED = {"sgd", "momentum", "adagrad", "adam", "adamw"}  # fused kernels on CPU
 
 
 def build_optimizer(name: str, params, lr: float, *, momentum: float = 0.9, nesterov: bool = False,
-                    weight_decay: float = 0.0, fused: bool = True) -> torch.optim.Optimizer:
-    """The optimizer called ``name``; ``momentum`` is SGD with momentum (``nesterov`` optional).
+                    weight_decay: float = 0.0, fused: bool = True, muon_lr: float = 0.1,
+                    muon_momentum: float = 0.8) -> torch.optim.Optimizer:
+    """The optimizer called ``name``; ``momentum`` is SGD with momentum (``nesterov`` optional);
+    ``muon`` is :class:`Muon` (``muon_lr``, ``muon_momentum`` for its matrices).
 
     Uses PyTorch's fused kernels where they exist: for the tutorial CNN the unfused Adam step
     (sqrt, div, lerp as separate passes over fc1's 3.2M weights) was 45% of a bf16 CPU step;
@@ -37,7 +39,87 @@ def build_optimizer(name: str, params, lr: float, *, momentum: float = 0.9, nest
         return torch.optim.AdamW(params, lr, weight_decay=wd, **kw)
     if name == "rmsprop":
         return torch.optim.RMSprop(params, lr, momentum=0.0, weight_decay=wd, foreach=True)
+    if name == "muon":
+        return Muon(params, lr, muon_lr=muon_lr, muon_momentum=muon_momentum, momentum=momentum,
+                    nesterov=nesterov, weight_decay=wd)
     raise ValueError(name)  # validated in config
+
+
+def orthogonalize(g: torch.Tensor, steps: int = 3) -> torch.Tensor:
+    """``g`` (rows, cols) with its singular values pushed towards 1: roughly ``U V^T`` of its SVD.
+
+    Muon's quintic Newton-Schulz iteration (coefficients from Jordan et al., 2024): three steps
+    leave the singular values in about [0.7, 1.2], which trains as well as the exact ``U V^T``.
+    In fp32 below 65,536 entries (the matrices are tiny and the passes cost more than the
+    math); in bf16 above, where the matrix engine is several times faster.
+    """
+    a, b, c = 3.4445, -4.7750, 2.0315
+    x = g.to(torch.bfloat16 if g.numel() >= 1 << 16 else torch.float32)
+    wide = x.size(0) <= x.size(1)
+    if not wide:
+        x = x.T
+    x = x / (x.norm() + 1e-7)  # spectral norm <= Frobenius norm <= 1: inside the iteration's range
+    for _ in range(steps):
+        xx = x @ x.T  # (rows, rows): the small side
+        x = torch.addmm(x, torch.addmm(xx, xx, xx, beta=b, alpha=c), x, beta=a)
+    return (x if wide else x.T).to(g.dtype)
+
+
+class Muon(torch.optim.Optimizer):
+    """Muon for the hidden weight matrices, Nesterov SGD for everything else.
+
+    Muon (Jordan et al., 2024; the optimizer of the airbench CIFAR-10 speed records) takes the
+    momentum of a weight matrix (a conv filter bank is flattened to ``(out, in*k*k)``) and
+    orthogonalizes it: every direction of the update gets the same size, so the rarely
+    excited directions learn as fast as the dominant ones. For the ``fast`` recipe it reaches
+    the same accuracy in 0.55 of an epoch that Nesterov SGD reaches in 0.9 (BENCHMARKS.md).
+
+    Which parameters: every parameter with two or more dimensions except the last one, the
+    classifier (the registered models define it last; a test checks it), takes Muon at
+    ``muon_lr`` (scaled by the schedule like ``lr``) with ``muon_momentum``; the classifier,
+    biases and normalization parameters take SGD at ``lr`` with ``momentum``, ``nesterov`` and
+    ``weight_decay`` (which the Muon matrices do not take: their updates have a fixed size).
+    """
+
+    def __init__(self, params, lr: float, *, muon_lr: float = 0.1, muon_momentum: float = 0.8,
+                 momentum: float = 0.9, nesterov: bool = True, weight_decay: float = 0.0,
+                 ns_steps: int = 3):
+        params = [p for p in params if p.requires_grad]
+        matrices = [i for i, p in enumerate(params) if p.ndim >= 2]
+        ortho = set(matrices[:-1])  # the last matrix is the classifier
+        groups = [dict(params=[p for i, p in enumerate(params) if i not in ortho], muon=False)]
+        if ortho:
+            groups.append(dict(params=[p for i, p in enumerate(params) if i in ortho], muon=True))
+        super().__init__(groups, dict(lr=lr, muon_scale=muon_lr / lr, momentum=momentum,
+                                      muon_momentum=muon_momentum, nesterov=nesterov,
+                                      weight_decay=weight_decay, ns_steps=ns_steps))
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for group in self.param_groups:
+            ps = [p for p in group["params"] if p.grad is not None]
+            if not ps:
+                continue
+            grads = [p.grad for p in ps]
+            bufs = []
+            for p, g in zip(ps, grads):
+                state = self.state[p]
+                if "momentum_buffer" not in state:
+                    state["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                bufs.append(state["momentum_buffer"])
+            muon = group["muon"]
+            mom = group["muon_momentum" if muon else "momentum"]
+            if not muon and group["weight_decay"]:
+                grads = torch._foreach_add(grads, ps, alpha=group["weight_decay"])
+            torch._foreach_mul_(bufs, mom)
+            torch._foreach_add_(bufs, grads)
+            updates = torch._foreach_add(grads, bufs, alpha=mom) if group["nesterov"] else bufs
+            lr = group["lr"]
+            if muon:
+                lr *= group["muon_scale"]
+                updates = [orthogonalize(u.reshape(len(u), -1), group["ns_steps"]).view_as(u)
+                           * max(1.0, len(u) / u[0].numel()) ** 0.5 for u in updates]
+            torch._foreach_add_(ps, updates, alpha=-lr)
 
 
 def _fusable(params) -> bool:

@@ -3,7 +3,7 @@
 The first convolution's filters are set to the principal directions of its input patches,
 each scaled by 1/sqrt(its variance), and their negations (so that a ReLU passes both signs),
 as the airbench CIFAR-10 speed records do. The layer then starts out decorrelating its input,
-and training gets further in its first hundred steps: with the ``fast`` recipe, 0.9 of an
+and training gets further in its first hundred steps: with Nesterov SGD, 0.9 of an
 epoch with whitening scores as well as a whole epoch without (mean of 8 seeds, BENCHMARKS.md).
 
 The patches are taken at the convolution's own input (after any fixed reshaping such as the
