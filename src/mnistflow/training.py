@@ -245,8 +245,9 @@ def _preflight_memory(cfg: TrainConfig, rec: Records, model: torch.nn.Module, in
 
 
 def _warm_up(run: Run) -> None:
-    """One throw-away forward/backward outside the timer: first-call costs (oneDNN kernel
-    selection, lazy imports in the optimizer) are paid in setup, not charged to training."""
+    """One throw-away forward/backward, and one evaluation forward, outside the timer:
+    first-call costs (oneDNN kernel selection, lazy imports in the optimizer) are paid in
+    setup, not charged to training."""
     xb = next(iter(run.train_loader))[0]  # the real batch shape: under --compile, no recompile later
     state = {k: v.clone() for k, v in run.raw_model.state_dict().items()}
     with run.amp.autocast():
@@ -254,6 +255,12 @@ def _warm_up(run: Run) -> None:
     run.raw_model.load_state_dict(state)  # BN statistics back to their initial values
     run.optimizer.zero_grad(set_to_none=True)
     run.train_loader.stats.__init__()
+    eval_loader = run.val_loader or run.test_loader
+    if eval_loader is not None:  # the evaluation's own kernels (its batch size, no autograd): ~30 ms
+        run.raw_model.eval()  # the module evaluations use (Run.validate)
+        with torch.inference_mode(), run.amp.autocast():
+            run.raw_model(next(iter(eval_loader))[0])
+        run.raw_model.train()
 
 
 class TrainingInterrupted(KeyboardInterrupt):
