@@ -226,14 +226,15 @@ def test_sigterm_stops_every_rank_at_one_step_and_one_process_resumes(mnist_reco
 def test_a_dead_or_hung_rank_ends_the_job_promptly(mnist_records, tmp_path, how):
     """kill -9 of rank 1: rank 0's next collective fails at once (well within its 30 s timeout).
     SIGSTOP of rank 1 (a hang):
-    rank 0's collective times out ($MNISTFLOW_DIST_TIMEOUT, 5 s here) and it exits; torchrun
+    rank 0's collective times out ($MNISTFLOW_DIST_TIMEOUT, 10 s here: 5 s once timed out a
+    healthy step on a VM stalled by its host) and it exits; torchrun
     then stops the hung process (SIGTERM, and SIGKILL 30 s later: a stopped process ignores
     SIGTERM). Either way: a non-zero exit within a bound, never a hang."""
     run = tmp_path / "run"
     proc = torchrun("train", "--model", "softmax", "--data", str(mnist_records), "--run-dir", str(run),
                     "--batch-size", "32", "--max-steps", "5000", "--no-tensorboard", *COMMON,
                     env={"MNISTFLOW_INJECT_DATA_DELAY": "0.01",
-                         "MNISTFLOW_DIST_TIMEOUT": "30" if how == "kill" else "5"}, popen=True)
+                         "MNISTFLOW_DIST_TIMEOUT": "30" if how == "kill" else "10"}, popen=True)
     ranks: dict = {}
     try:
         _wait_for_step(run, proc, 10)
@@ -253,11 +254,11 @@ def test_a_dead_or_hung_rank_ends_the_job_promptly(mnist_records, tmp_path, how)
             except psutil.Error:
                 pass
     assert proc.returncode != 0
-    assert took < (15 if how == "kill" else 50), took  # kill: detected at once, not by the timeout
+    assert took < (15 if how == "kill" else 60), took  # kill: detected at once, not by the timeout
     assert not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in ranks.values())
     assert "rank 0 of 2: a collective operation failed" in out, out[-3000:]
     if how == "hang":
-        assert "Timed out" in out and "given up on after 5 s ($MNISTFLOW_DIST_TIMEOUT)" in out
+        assert "Timed out" in out and "given up on after 10 s ($MNISTFLOW_DIST_TIMEOUT)" in out
     print(f"{how}: the job ended {took:.2f} s after rank 1 stopped (exit {proc.returncode})")
 
 
