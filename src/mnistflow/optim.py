@@ -101,12 +101,10 @@ class Muon(torch.optim.Optimizer):
             if not ps:
                 continue
             grads = [p.grad for p in ps]
-            bufs = []
-            for p, g in zip(ps, grads):
-                state = self.state[p]
-                if "momentum_buffer" not in state:
-                    state["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                bufs.append(state["momentum_buffer"])
+            for p in ps:
+                if "momentum_buffer" not in self.state[p]:
+                    self.state[p]["momentum_buffer"] = torch.zeros_like(p)
+            bufs = [self.state[p]["momentum_buffer"] for p in ps]
             muon = group["muon"]
             mom = group["muon_momentum" if muon else "momentum"]
             if not muon and group["weight_decay"]:
