@@ -137,16 +137,19 @@ def test_resume_compares_the_global_batch():
 
 # --- under torchrun -----------------------------------------------------------------------------
 
-def test_two_processes_train_like_one_with_the_global_batch(mnist_records, tmp_path):
-    """2 x batch 32 == 1 x batch 64: weights, loss curve, evaluations; one run directory."""
+@pytest.mark.parametrize("opt", ["adam", "muon"])
+def test_two_processes_train_like_one_with_the_global_batch(mnist_records, tmp_path, opt):
+    """2 x batch 32 == 1 x batch 64: weights, loss curve, evaluations; one run directory.
+    Muon too: it orthogonalizes the averaged gradient's momentum, the same on every rank."""
     ref = tmp_path / "ref"
     train(model=SPEC, data=str(mnist_records), run_dir=str(ref), batch_size=64, max_steps=30,
-          log_every=5, precision="fp32", threads=1, quiet=True, tensorboard=False)
+          log_every=5, precision="fp32", threads=1, quiet=True, tensorboard=False, optimizer=opt)
     cwd = tmp_path / "cwd"
     cwd.mkdir()
     t0 = time.monotonic()
     proc = torchrun("train", "--model", SPEC, "--data", str(mnist_records), "--batch-size", "32",
-                    "--max-steps", "30", "--no-tensorboard", "--json", *COMMON, cwd=cwd)
+                    "--max-steps", "30", "--no-tensorboard", "--json", *COMMON, "--optimizer", opt,
+                    cwd=cwd)
     elapsed = time.monotonic() - t0
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "data parallel: 2 processes (gloo), batch 32 per process x 2 = global batch 64" in proc.stdout
