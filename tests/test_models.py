@@ -125,7 +125,7 @@ def test_tiny_map_conv_has_nn_conv2ds_gradients(autocast, size, monkeypatch):
     monkeypatch.setattr(fast._WeightGradOverBatch, "apply", lambda *a: calls.append(1) or apply(*a))
 
     torch.manual_seed(0)
-    tiny = TinyMapConv2d(48, 96, 3, padding=1, bias=False)
+    tiny = TinyMapConv2d(48, 96, 3)
     ref = torch.nn.Conv2d(48, 96, 3, padding=1, bias=False)
     ref.weight.data.copy_(tiny.weight.data)
     x0 = torch.randn(64, 48, size, size).contiguous(memory_format=torch.channels_last)

@@ -115,9 +115,17 @@ class Muon(torch.optim.Optimizer):
             lr = group["lr"]
             if muon:
                 lr *= group["muon_scale"]
-                updates = [orthogonalize(u.reshape(len(u), -1), group["ns_steps"]).view_as(u)
-                           * max(1.0, len(u) / u[0].numel()) ** 0.5 for u in updates]
+                updates = [_orthogonal_update(u, group["ns_steps"]) for u in updates]
             torch._foreach_add_(ps, updates, alpha=-lr)
+
+
+def _orthogonal_update(u: torch.Tensor, steps: int) -> torch.Tensor:
+    """Muon's update for one weight tensor: orthogonalized as (out, fan_in); a tall matrix
+    (out > fan_in), whose orthogonal rows cannot all be unit length, is scaled up by
+    sqrt(out / fan_in)."""
+    o = orthogonalize(u.reshape(len(u), -1), steps).view_as(u)
+    fan_in = u[0].numel()
+    return o * (len(u) / fan_in) ** 0.5 if len(u) > fan_in else o
 
 
 def _fusable(params) -> bool:
