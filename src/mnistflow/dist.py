@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime
+import gc
 import os
 import shutil
 import signal
@@ -213,6 +214,10 @@ def cleanup(sync: bool = True) -> None:
                 barrier()
             except Exception:  # a peer is gone: nothing left to wait for
                 pass
+        # The run's DDP reducer holds the group; freed only by the cycle collector, it would be
+        # torn down at interpreter exit instead, its gloo threads still joinable (a rare SIGABRT,
+        # "terminate called without an active exception", after a finished run)
+        gc.collect()
         tdist.destroy_process_group()
     _control = None
 
