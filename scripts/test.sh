@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Install everything the test suite needs (Python packages, Debian's chromium for the
-# browser test) and run the whole suite on the real MNIST in $MNISTFLOW_DATA
+# browser test and gcc for the native kernels) and run the whole suite on the real MNIST in $MNISTFLOW_DATA
 # (default ../shared/data/mnist). Extra arguments go to pytest, e.g. -m "not slow".
 set -euo pipefail
 cd "$(dirname "$0")/.."
-if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
-  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver) >/dev/null 2>&1 \
-    || echo "scripts/test.sh: could not install chromium; the browser test will fail" >&2
+# Debian packages: chromium (the browser test) and gcc (mnistflow's native CPU kernels).
+if { ! command -v chromium >/dev/null 2>&1 || ! command -v cc >/dev/null 2>&1; } \
+    && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver gcc) >/dev/null 2>&1 \
+    || echo "scripts/test.sh: could not install chromium and gcc; the browser and kernel tests will fail" >&2
 fi
 MNISTFLOW_EXTRAS="${MNISTFLOW_EXTRAS:-dev,onnx,serve,report}" bash scripts/setup.sh
 . .venv/bin/activate

@@ -61,9 +61,10 @@ def test_batch_norm_buffers_are_non_trainable_and_frozen_params_are_flagged():
     assert t["frozen"] == 32 * 4 * 3 * 3  # the first conv sees 4 channels (space-to-depth)
     assert t["buffers"] == 2 * (32 + 48 + 96) + 3  # running mean/var + num_batches_tracked
     rows = {r.name: r for r in layer_table(model, (1, 28, 28))}
-    assert rows["features.0"].trainable == "no" and rows["features.4"].trainable == "yes"
-    assert rows["features.5"].shape == (48, 4, 4)  # ceil-mode pool: 7 -> 4 (input 14x14 after space-to-depth)
-    assert rows["features.11"].shape == (96, 2, 2)
+    # stages: conv, pool, batch norm + ReLU (features.0-2, 3-5, 6-8)
+    assert rows["features.0"].trainable == "no" and rows["features.3"].trainable == "yes"
+    assert rows["features.4"].shape == (48, 4, 4)  # ceil-mode pool: 7 -> 4 (input 14x14 after space-to-depth)
+    assert rows["features.8"].shape == (96, 2, 2)
     text = summarize(model, variables=True)
     assert "features.0.weight" not in text.split("trainable variables")[1]  # frozen: not listed
     assert "head.weight" in text

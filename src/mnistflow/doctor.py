@@ -15,9 +15,11 @@ def diagnose() -> dict:
     """Facts about the environment and concrete recommendations (a dict, for --json)."""
     import torch
 
+    from . import kernels
     from .data.sources import home
     from .runtime import cpu_flags, cpu_has_fast_bf16, usable_cores
 
+    kernels.library()  # builds and loads them if it can; reason() then says how that went
     facts: dict = {
         "python": platform.python_version(),
         "torch": torch.__version__,
@@ -29,6 +31,7 @@ def diagnose() -> dict:
         "cores": usable_cores(),
         "torch_threads": torch.get_num_threads(),
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "(unset)"),
+        "native_kernels": kernels.reason(),
         "mnistflow_home": str(home()),
         "mnistflow_data": os.environ.get("MNISTFLOW_DATA", "(unset)"),
         "optional": {"tensorboard": _has("tensorboard"), "onnxruntime": _has("onnxruntime"),
@@ -68,6 +71,9 @@ def diagnose() -> dict:
     if "OMP_WAIT_POLICY" not in os.environ and cores <= 4:
         recs.append("on a shared machine set OMP_WAIT_POLICY=PASSIVE before starting: spinning OpenMP threads "
                     "collapse when another process holds a core")
+    if not facts["native_kernels"].startswith(("loaded", "off")):
+        recs.append("install a C compiler with OpenMP (Debian: apt-get install gcc) for mnistflow's native "
+                    "CPU kernels (max-pool, batch norm + ReLU): the fast recipe trained ~20% faster with them here")
     if not facts["optional"]["tensorboard"]:
         recs.append("pip install tensorboard to get event files")
     if not facts["optional"]["onnxruntime"]:
@@ -97,7 +103,7 @@ def format_report(d: dict) -> str:
         rows.append((f"GPU {g['index']}", f"{g['name']}, {g['memory_gb']} GB, sm {g['capability']}"))
     rows += [("CPU", d["cpu"]), ("CPU features", " ".join(d["cpu_features"]) or "-"),
              ("cores / threads", f"{d['cores']} / {d['torch_threads']}"),
-             ("OMP_WAIT_POLICY", d["omp_wait_policy"]),
+             ("OMP_WAIT_POLICY", d["omp_wait_policy"]), ("native kernels", d["native_kernels"]),
              ("data", d["mnistflow_data"]), ("cache", d["mnistflow_home"])]
     rows += [(f"  {k}", "installed" if v else "missing") for k, v in d["optional"].items()]
     w = max(len(k) for k, _ in rows)

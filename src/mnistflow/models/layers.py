@@ -12,6 +12,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..errors import MnistflowError
+from ..kernels import bnrelu as kernel_bnrelu
+from ..kernels import pool as kernel_pool
 
 ACTIVATIONS = {"relu": nn.ReLU, "sigmoid": nn.Sigmoid, "tanh": nn.Tanh, "gelu": nn.GELU,
                "identity": nn.Identity}
@@ -83,12 +85,47 @@ def keep_mask(x: torch.Tensor, p: float) -> torch.Tensor:
     return draws.view(torch.int16)[:n].view(x.shape) >= round(p * 65536) - 32768  # signed halves
 
 
+class MaxPool2x2(nn.MaxPool2d):
+    """``nn.MaxPool2d(2)`` that runs on mnistflow's native kernel for channels-last bf16/fp32
+    CPU tensors (``kernels.pool``: one pass each way, no index tensor, no zero-fill), and is
+    PyTorch's op everywhere else (other devices, layouts, exports, no compiler)."""
+
+    def __init__(self, ceil_mode: bool = True):
+        super().__init__(2, 2, ceil_mode=ceil_mode)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if kernel_pool.supports(x, self.ceil_mode):
+            return kernel_pool.max_pool2x2(x)
+        return super().forward(x)
+
+
+class BatchNormReLU2d(nn.BatchNorm2d):
+    """``nn.BatchNorm2d`` then ReLU, in one module. In training, channels-last bf16/fp32 CPU
+    inputs run on mnistflow's native kernel (``kernels.bnrelu``: two passes each way instead
+    of PyTorch's eight); everywhere else it is PyTorch's batch norm and ReLU. The parameters
+    and buffers are batch norm's, under the same names."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training and kernel_bnrelu.supports(x, self.weight, self.bias, self.running_mean,
+                                                    self.running_var):
+            momentum = self.momentum
+            if self.track_running_stats:
+                self.num_batches_tracked.add_(1)
+                if momentum is None:  # a cumulative average, as nn.BatchNorm2d
+                    momentum = 1.0 / float(self.num_batches_tracked)
+            return kernel_bnrelu.batch_norm_relu(x, self.weight, self.bias, self.running_mean,
+                                                 self.running_var, momentum or 0.0, self.eps)
+        return F.relu(super().forward(x), inplace=True)
+
+
 def pool(kind: str, kernel: int = 2, stride: int | None = None, padding: str = "same") -> nn.Module:
     """Max or average pooling; SAME rounds the output size up (TF semantics when k == s)."""
     stride = stride or kernel
     cls = {"max": nn.MaxPool2d, "avg": nn.AvgPool2d}.get(kind)
     if cls is None:
         raise MnistflowError(f"pool kind must be 'max' or 'avg', got '{kind}'")
+    if kind == "max" and kernel == stride == 2:
+        return MaxPool2x2(ceil_mode=(padding == "same"))
     return cls(kernel, stride, ceil_mode=(padding == "same"))
 
 

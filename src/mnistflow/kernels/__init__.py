@@ -1,0 +1,159 @@
+"""Native CPU kernels for the few ops where eager PyTorch is far from the memory bound.
+
+The C sources next to this file are compiled on first use with the system C compiler
+(``$CC``, else ``cc``; ``-O3 -march=native -fopenmp``) into mnistflow's cache
+(``$MNISTFLOW_HOME/kernels``, named by a hash of the sources, flags, compiler and CPU) and
+loaded with ctypes: no torch headers, so a build takes about half a second. Every kernel is
+checked against PyTorch on a small input before it is used.
+
+Nothing depends on them: with no compiler, a failed build or check, a non-CPU device, or
+``MNISTFLOW_KERNELS=0``, the callers use PyTorch's own ops (one warning says why).
+
+Threads: the library links ``libgomp.so.1``, which resolves to the OpenMP runtime torch has
+already loaded, so the kernels share torch's thread pool and ``torch.get_num_threads()``. If a
+second OpenMP runtime shows up in the process anyway, the kernels run on one thread (two
+pools of spinning threads on the same cores collapse).
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import warnings
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+
+SOURCES = ("maxpool.c", "bnrelu.c", "layout.c")  # compiled
+HEADERS = ("bnrelu_impl.h",)  # included by them
+CFLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11")
+
+_P, _I = ctypes.c_void_p, ctypes.c_int64
+_D, _N = ctypes.c_double, ctypes.c_int
+_POOL_FORWARD = ([_P, _P, _P, _I, _I, _I, _I, _N], _N)  # returns 0, or 1: no memory
+_POOL_BACKWARD = ([_P, _P, _P, _I, _I, _I, _I, _N], None)
+_BN_FORWARD = ([_P, _P, _P, _P, _P, _P, _P, _P, _I, _I, _D, _D, _N], _N)  # returns 0, or 1: no memory
+_BN_BACKWARD = ([_P, _P, _P, _P, _P, _P, _P, _P, _P, _I, _I, _N], _N)
+_SIGNATURES = {  # name: (argument types, return type)
+    "maxpool2x2_forward_bf16": _POOL_FORWARD, "maxpool2x2_forward_f32": _POOL_FORWARD,
+    "maxpool2x2_backward_u16": _POOL_BACKWARD, "maxpool2x2_backward_u32": _POOL_BACKWARD,
+    "bnrelu_forward_bf16": _BN_FORWARD, "bnrelu_forward_f32": _BN_FORWARD,
+    "bnrelu_backward_bf16": _BN_BACKWARD, "bnrelu_backward_f32": _BN_BACKWARD,
+    "swap_nc_u16": ([_P, _P, _I, _I, _I, _N], None), "swap_nc_u32": ([_P, _P, _I, _I, _I, _N], None),
+}
+
+_state: dict = {"reason": "not loaded yet"}
+
+
+class KernelBuildError(RuntimeError):
+    pass
+
+
+def enabled() -> bool:
+    return os.environ.get("MNISTFLOW_KERNELS", "1").strip().lower() not in ("0", "off", "false", "no")
+
+
+def _compiler() -> str | None:
+    cc = os.environ.get("CC") or "cc"
+    return shutil.which(cc)
+
+
+def _cache_dir() -> Path:
+    from ..data.sources import home
+    return home() / "kernels"
+
+
+def _library_path(cc: str) -> Path:
+    """The cached library's path: a hash of everything that changes the binary."""
+    from ..runtime import cpu_flags
+    h = hashlib.sha256()
+    here = Path(__file__).parent
+    for name in SOURCES + HEADERS:
+        h.update((here / name).read_bytes())
+    h.update(" ".join(CFLAGS).encode())
+    h.update(subprocess.run([cc, "--version"], capture_output=True, text=True).stdout.encode())
+    h.update(platform.machine().encode())
+    h.update(" ".join(sorted(cpu_flags())).encode())  # -march=native
+    return _cache_dir() / f"mnistflow-kernels-{h.hexdigest()[:16]}.so"
+
+
+def build(cc: str | None = None) -> Path:
+    """Compile the kernels into the cache (atomically; a no-op when already there)."""
+    cc = cc or _compiler()
+    if cc is None:
+        raise KernelBuildError(f"no C compiler ({os.environ.get('CC') or 'cc'}) on PATH")
+    path = _library_path(cc)
+    if path.exists():
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    here = Path(__file__).parent
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        cmd = [cc, *CFLAGS, "-o", tmp, *(str(here / s) for s in SOURCES)]
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        if r.returncode != 0:
+            lines = r.stderr.strip().splitlines() or ["(no output)"]
+            msg = next((ln for ln in lines if "error" in ln), lines[0])
+            raise KernelBuildError(f"{Path(cc).name} could not compile the kernels: {msg}")
+        os.replace(tmp, path)  # concurrent builders (torchrun ranks) each rename a whole file
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return path
+
+
+def _openmp_runtimes() -> set[str]:
+    try:
+        with open("/proc/self/maps") as f:
+            return {line.split()[-1] for line in f
+                    if any(k in line for k in ("libgomp", "libiomp", "libomp"))}
+    except OSError:
+        return set()
+
+
+def _load() -> ctypes.CDLL:
+    lib = ctypes.CDLL(str(build()))
+    for name, (args, ret) in _SIGNATURES.items():
+        fn = getattr(lib, name)
+        fn.argtypes, fn.restype = args, ret
+    return lib
+
+
+@lru_cache(maxsize=1)
+def library() -> ctypes.CDLL | None:
+    """The loaded and checked kernel library, or None (``reason()`` says why)."""
+    if not enabled():
+        _state["reason"] = "off (MNISTFLOW_KERNELS=0)"
+        return None
+    try:
+        lib = _load()
+        _state["single_thread"] = len(_openmp_runtimes()) > 1
+        from . import bnrelu, layout, pool
+        # checked with autograd on, whatever mode the first caller is in
+        with torch.inference_mode(False), torch.enable_grad(), torch.autocast("cpu", enabled=False):
+            pool.self_check(lib)
+            bnrelu.self_check(lib)
+            layout.self_check(lib)
+    except Exception as e:  # any failure: PyTorch's ops instead, said once
+        _state["reason"] = f"unavailable: {e}"
+        warnings.warn(f"mnistflow native kernels {_state['reason']}; using PyTorch's ops (slower)",
+                      RuntimeWarning, stacklevel=2)
+        return None
+    _state["reason"] = "loaded" + (" (1 thread: a second OpenMP runtime is loaded)"
+                                   if _state["single_thread"] else "")
+    return lib
+
+
+def threads() -> int:
+    return 1 if _state.get("single_thread") else torch.get_num_threads()
+
+
+def reason() -> str:
+    """One line for ``mnistflow doctor``: loaded, off, or why unavailable."""
+    return _state["reason"]

@@ -1,0 +1,57 @@
+/* Batch norm (training mode, per-channel batch statistics) followed by ReLU, for
+ * channels-last activations viewed as (M rows, C channels), M = N*H*W; forward and backward.
+ *
+ * PyTorch runs this as four kernels (batch norm forward, ReLU, ReLU backward, batch norm
+ * backward) with two passes each over the activation; here the forward is one pass for the
+ * statistics and one to normalize, the backward one pass for its two sums and one to write.
+ * Statistics and sums accumulate in double per thread (rows split between threads), then
+ * combine in a fixed order, so results do not depend on timing.
+ *
+ * bf16 values are uint16 bit patterns, rounded to nearest even on the way out; fp32 as float.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <omp.h>
+
+static inline float bf16_load(uint16_t b) {
+    union { uint32_t u; float f; } v;
+    v.u = (uint32_t)b << 16;
+    return v.f;
+}
+static inline uint16_t bf16_store(float f) {
+    union { uint32_t u; float f; } v;
+    v.f = f;
+    uint32_t rounded = (v.u + 0x7FFF + ((v.u >> 16) & 1)) >> 16;
+    uint32_t nan = (v.u >> 16) | 0x40;  /* a quiet NaN; both computed: no branch in the loop */
+    return (uint16_t)(f != f ? nan : rounded);
+}
+static inline float f32_load(float f) { return f; }
+static inline float f32_store(float f) { return f; }
+
+#define BLOCK 16  /* channels per inner loop: a constant trip count, so the compiler vectorizes it */
+#define MAX_THREADS 64
+#define FOLD 64   /* rows summed in float before folding into the double sums */
+
+/* Rows [r0, r1) of thread t out of T, contiguous and balanced. */
+static inline void rows_of(int64_t M, int t, int T, int64_t *r0, int64_t *r1) {
+    *r0 = M * t / T;
+    *r1 = M * (t + 1) / T;
+}
+
+#define T uint16_t
+#define LOAD bf16_load
+#define STORE bf16_store
+#define SUFFIX bf16
+#include "bnrelu_impl.h"
+#undef T
+#undef LOAD
+#undef STORE
+#undef SUFFIX
+
+#define T float
+#define LOAD f32_load
+#define STORE f32_store
+#define SUFFIX f32
+#include "bnrelu_impl.h"

@@ -1,0 +1,115 @@
+"""Training-mode batch norm + ReLU on the native kernel (``bnrelu.c``), with autograd.
+
+Replaces four PyTorch kernels (batch norm, ReLU and their backwards, two passes each) by two
+passes each way. Same results as ``F.relu(F.batch_norm(..., training=True))`` up to the
+order of float sums (statistics accumulate in double); running statistics are updated the
+same way (unbiased variance, ``momentum``).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch.autograd.function import once_differentiable
+
+from . import library, threads
+from .pool import nhwc
+
+_FORWARD = {torch.bfloat16: "bnrelu_forward_bf16", torch.float32: "bnrelu_forward_f32"}
+_BACKWARD = {torch.bfloat16: "bnrelu_backward_bf16", torch.float32: "bnrelu_backward_f32"}
+
+
+def _ptr(t: torch.Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
+
+
+def _fp32_vector(t: torch.Tensor | None, c: int) -> bool:
+    return t is None or (t.dtype == torch.float32 and t.is_contiguous() and t.numel() == c
+                         and t.device.type == "cpu")
+
+
+def supports(x: torch.Tensor, weight, bias, running_mean, running_var) -> bool:
+    """A 4-D channels-last bf16/fp32 CPU input with fp32 parameters and statistics, outside
+    tracing and compiling (exports and ``torch.compile`` see PyTorch's ops)."""
+    if not (x.device.type == "cpu" and x.dim() == 4 and x.dtype in _FORWARD and x.numel() > 0
+            and x.shape[0] * x.shape[2] * x.shape[3] > 1 and nhwc(x)):
+        return False
+    c = x.shape[1]
+    if not all(_fp32_vector(t, c) for t in (weight, bias, running_mean, running_var)):
+        return False
+    if (running_mean is None) != (running_var is None):
+        return False
+    return (not torch.jit.is_tracing() and not torch.jit.is_scripting()
+            and not torch.compiler.is_compiling() and library() is not None)
+
+
+def _forward(lib, x, weight, bias, running_mean, running_var, momentum: float, eps: float):
+    n, c, h, w = x.shape
+    y = torch.empty_like(x, memory_format=torch.channels_last)
+    mean = torch.empty(c, dtype=torch.float32)
+    invstd = torch.empty(c, dtype=torch.float32)
+    rc = getattr(lib, _FORWARD[x.dtype])(x.data_ptr(), y.data_ptr(), _ptr(weight), _ptr(bias),
+                                         _ptr(running_mean), _ptr(running_var), mean.data_ptr(),
+                                         invstd.data_ptr(), n * h * w, c, momentum, eps, threads())
+    if rc:
+        raise MemoryError("bnrelu kernel: out of memory for its per-thread sums")
+    return y, mean, invstd
+
+
+def _backward(lib, g, y, x, weight, mean, invstd, needs_weight: bool, needs_bias: bool):
+    n, c, h, w = x.shape
+    if not nhwc(g) or g.dtype != x.dtype:
+        g = g.to(x.dtype).contiguous(memory_format=torch.channels_last)
+    gx = torch.empty_like(x, memory_format=torch.channels_last)
+    gw = torch.empty(c, dtype=torch.float32) if needs_weight else None
+    gb = torch.empty(c, dtype=torch.float32) if needs_bias else None
+    rc = getattr(lib, _BACKWARD[x.dtype])(g.data_ptr(), y.data_ptr(), x.data_ptr(), _ptr(weight),
+                                          mean.data_ptr(), invstd.data_ptr(), gx.data_ptr(),
+                                          _ptr(gw), _ptr(gb), n * h * w, c, threads())
+    if rc:
+        raise MemoryError("bnrelu kernel: out of memory for its per-thread sums")
+    return gx, gw, gb
+
+
+class _BatchNormReLU(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias, running_mean, running_var, momentum, eps):
+        y, mean, invstd = _forward(library(), x, weight, bias, running_mean, running_var, momentum, eps)
+        ctx.save_for_backward(x, y, weight, mean, invstd)
+        return y
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, g):
+        x, y, weight, mean, invstd = ctx.saved_tensors
+        gx, gw, gb = _backward(library(), g, y, x, weight, mean, invstd,
+                               ctx.needs_input_grad[1], ctx.needs_input_grad[2])
+        return gx, gw, gb, None, None, None, None
+
+
+def batch_norm_relu(x, weight, bias, running_mean, running_var, momentum: float, eps: float):
+    """``relu(batch_norm(x, ..., training=True))`` on the kernel; the caller checks ``supports``.
+    ``running_mean`` / ``running_var`` (or None) are updated in place."""
+    return _BatchNormReLU.apply(x, weight, bias, running_mean, running_var, momentum, eps)
+
+
+def self_check(lib) -> None:
+    """Compare with PyTorch (values, gradients, running statistics) on a small input."""
+    gen = torch.Generator().manual_seed(0)
+    for dtype, tol in ((torch.float32, 1e-4), (torch.bfloat16, 3e-2)):
+        x = (torch.randn(4, 37, 3, 5, generator=gen) * 2 + 0.5).to(dtype)
+        x = x.contiguous(memory_format=torch.channels_last)
+        w = torch.rand(37, generator=gen) + 0.5
+        b = torch.randn(37, generator=gen) * 0.1
+        rm, rv = torch.zeros(37), torch.ones(37)
+        rm2, rv2 = rm.clone(), rv.clone()
+        g = torch.randn(x.shape, generator=gen).to(dtype).contiguous(memory_format=torch.channels_last)
+        xr, wr, br = (t.clone().requires_grad_() for t in (x, w, b))
+        want = F.relu(F.batch_norm(xr, rm2, rv2, wr, br, True, 0.1, 1e-5))
+        want.backward(g)
+        y, mean, invstd = _forward(lib, x, w, b, rm, rv, 0.1, 1e-5)
+        gx, gw, gb = _backward(lib, g, y, x, w, mean, invstd, True, True)
+        pairs = [(y, want), (gx, xr.grad), (gw, wr.grad), (gb, br.grad), (rm, rm2), (rv, rv2)]
+        for got, ref in pairs:
+            ref = ref.detach().float()
+            if not torch.allclose(got.float(), ref, rtol=tol, atol=tol * max(1.0, ref.abs().max().item())):
+                raise RuntimeError(f"the batch-norm kernel disagrees with PyTorch ({dtype}): miscompiled?")

@@ -1,0 +1,160 @@
+/* The batch norm + ReLU kernels for one element type: included by bnrelu.c once per type,
+ * with T (the stored type), LOAD / STORE (to and from float) and SUFFIX defined. */
+#define CAT2(a, b) a##b
+#define CAT(a, b) CAT2(a, b)
+#define FN(name) CAT(name, SUFFIX)
+
+static inline void FN(fwd_sums_)(const T *restrict x, double *restrict s, double *restrict q, int64_t n) {
+    #pragma omp simd
+    for (int64_t k = 0; k < n; k++) {
+        double v = LOAD(x[k]);
+        s[k] += v;
+        q[k] += v * v;
+    }
+}
+
+static inline void FN(fwd_apply_)(const T *restrict x, T *restrict y, const float *restrict a,
+                                  const float *restrict b, int64_t n) {
+    #pragma omp simd
+    for (int64_t k = 0; k < n; k++) {
+        float v = LOAD(x[k]) * a[k] + b[k];
+        y[k] = STORE(v > 0.f ? v : 0.f);
+    }
+}
+
+/* y = relu(x * scale + shift), scale = weight * invstd, shift = bias - mean * scale, with the
+   batch's mean and biased variance; the running statistics take the unbiased variance. */
+int FN(bnrelu_forward_)(const T *x, T *y, const float *weight, const float *bias,
+                        float *running_mean, float *running_var, float *save_mean,
+                        float *save_invstd, int64_t M, int64_t C, double momentum, double eps,
+                        int threads) {
+    threads = threads < 1 ? 1 : threads > MAX_THREADS ? MAX_THREADS : threads;
+    double *acc = calloc((size_t)(2 * threads * C), sizeof(double));
+    float *scale = malloc((size_t)(2 * C) * sizeof(float));
+    if (!acc || !scale) { free(acc); free(scale); return 1; }
+    float *shift = scale + C;
+    #pragma omp parallel num_threads(threads)
+    {
+        int t = omp_get_thread_num(), nt = omp_get_num_threads();
+        int64_t r0, r1;
+        rows_of(M, t, nt, &r0, &r1);
+        double *s = acc + 2 * t * C, *q = s + C;
+        for (int64_t r = r0; r < r1; r++) {
+            const T *xr = x + r * C;
+            int64_t k = 0;
+            for (; k + BLOCK <= C; k += BLOCK) FN(fwd_sums_)(xr + k, s + k, q + k, BLOCK);
+            FN(fwd_sums_)(xr + k, s + k, q + k, C - k);
+        }
+        #pragma omp barrier
+        #pragma omp single
+        for (int64_t c = 0; c < C; c++) {  /* threads' sums in a fixed order */
+            double sum = 0, sq = 0;
+            for (int u = 0; u < nt; u++) { sum += acc[2 * u * C + c]; sq += acc[2 * u * C + C + c]; }
+            double mean = sum / M, var = sq / M - mean * mean;
+            if (var < 0) var = 0;
+            double invstd = 1.0 / sqrt(var + eps);
+            save_mean[c] = (float)mean;
+            save_invstd[c] = (float)invstd;
+            if (running_mean) {
+                running_mean[c] = (float)((1 - momentum) * running_mean[c] + momentum * mean);
+                running_var[c] = (float)((1 - momentum) * running_var[c]
+                                         + momentum * var * M / (M > 1 ? M - 1 : 1));
+            }
+            double a = (weight ? weight[c] : 1.0) * invstd;
+            scale[c] = (float)a;
+            shift[c] = (float)((bias ? bias[c] : 0.0) - mean * a);
+        }  /* the implicit barrier of `single`: scale and shift are ready */
+        for (int64_t r = r0; r < r1; r++) {
+            const T *xr = x + r * C;
+            T *yr = y + r * C;
+            int64_t k = 0;
+            for (; k + BLOCK <= C; k += BLOCK) FN(fwd_apply_)(xr + k, yr + k, scale + k, shift + k, BLOCK);
+            FN(fwd_apply_)(xr + k, yr + k, scale + k, shift + k, C - k);
+        }
+    }
+    free(acc);
+    free(scale);
+    return 0;
+}
+
+static inline void FN(bwd_sums_)(const T *restrict g, const T *restrict y, const T *restrict x,
+                                 const float *restrict mean, float *restrict s,
+                                 float *restrict sx, int64_t n) {
+    #pragma omp simd
+    for (int64_t k = 0; k < n; k++) {
+        float gv = LOAD(g[k]), gz = LOAD(y[k]) > 0.f ? gv : 0.f;  /* loads outside the ?: */
+        s[k] += gz;
+        sx[k] += gz * (LOAD(x[k]) - mean[k]);
+    }
+}
+
+static inline void FN(bwd_apply_)(const T *restrict g, const T *restrict y, const T *restrict x,
+                                  T *restrict gx, const float *restrict mean,
+                                  const float *restrict a, const float *restrict b,
+                                  const float *restrict c, int64_t n) {
+    #pragma omp simd
+    for (int64_t k = 0; k < n; k++) {
+        float gv = LOAD(g[k]), gz = LOAD(y[k]) > 0.f ? gv : 0.f;
+        gx[k] = STORE(a[k] * gz - b[k] - c[k] * (LOAD(x[k]) - mean[k]));
+    }
+}
+
+/* gz = g where y > 0 (ReLU's backward), then batch norm's: with xh = (x - mean) * invstd,
+   gbias = sum gz, gweight = sum gz * xh, gx = w * invstd * (gz - gbias / M - xh * gweight / M).
+   The sums run in float over FOLD rows at a time, folded into doubles. */
+int FN(bnrelu_backward_)(const T *g, const T *y, const T *x, const float *weight,
+                         const float *save_mean, const float *save_invstd, T *gx, float *gweight,
+                         float *gbias, int64_t M, int64_t C, int threads) {
+    threads = threads < 1 ? 1 : threads > MAX_THREADS ? MAX_THREADS : threads;
+    double *acc = calloc((size_t)(2 * threads * C), sizeof(double));
+    float *part = calloc((size_t)(2 * threads * C), sizeof(float));
+    float *coef = malloc((size_t)(3 * C) * sizeof(float));
+    if (!acc || !part || !coef) { free(acc); free(part); free(coef); return 1; }
+    float *ca = coef, *cb = coef + C, *cc = coef + 2 * C;
+    #pragma omp parallel num_threads(threads)
+    {
+        int t = omp_get_thread_num(), nt = omp_get_num_threads();
+        int64_t r0, r1;
+        rows_of(M, t, nt, &r0, &r1);
+        double *s = acc + 2 * t * C;      /* s[0, C): sum gz; s[C, 2C): sum gz * (x - mean) */
+        float *fs = part + 2 * t * C;
+        for (int64_t r = r0; r < r1; r++) {
+            const T *gr = g + r * C, *yr = y + r * C, *xr = x + r * C;
+            int64_t k = 0;
+            for (; k + BLOCK <= C; k += BLOCK)
+                FN(bwd_sums_)(gr + k, yr + k, xr + k, save_mean + k, fs + k, fs + C + k, BLOCK);
+            FN(bwd_sums_)(gr + k, yr + k, xr + k, save_mean + k, fs + k, fs + C + k, C - k);
+            if ((r - r0) % FOLD == FOLD - 1 || r == r1 - 1)
+                for (int64_t c = 0; c < 2 * C; c++) { s[c] += fs[c]; fs[c] = 0.f; }
+        }
+        #pragma omp barrier
+        #pragma omp single
+        for (int64_t c = 0; c < C; c++) {
+            double sum = 0, sumx = 0;
+            for (int u = 0; u < nt; u++) { sum += acc[2 * u * C + c]; sumx += acc[2 * u * C + C + c]; }
+            double invstd = save_invstd[c], w = weight ? weight[c] : 1.0;
+            double gw = sumx * invstd;
+            if (gweight) gweight[c] = (float)gw;
+            if (gbias) gbias[c] = (float)sum;
+            ca[c] = (float)(w * invstd);
+            cb[c] = (float)(w * invstd * sum / M);
+            cc[c] = (float)(w * invstd * invstd * gw / M);
+        }
+        for (int64_t r = r0; r < r1; r++) {
+            const T *gr = g + r * C, *yr = y + r * C, *xr = x + r * C;
+            T *o = gx + r * C;
+            int64_t k = 0;
+            for (; k + BLOCK <= C; k += BLOCK)
+                FN(bwd_apply_)(gr + k, yr + k, xr + k, o + k, save_mean + k, ca + k, cb + k, cc + k, BLOCK);
+            FN(bwd_apply_)(gr + k, yr + k, xr + k, o + k, save_mean + k, ca + k, cb + k, cc + k, C - k);
+        }
+    }
+    free(acc);
+    free(part);
+    free(coef);
+    return 0;
+}
+
+#undef FN
+#undef CAT
+#undef CAT2

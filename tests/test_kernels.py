@@ -1,0 +1,177 @@
+"""The native CPU kernels (``mnistflow.kernels``): built on this machine, identical to PyTorch's
+ops (max-pool and the layout swap exactly, batch norm + ReLU to float rounding), used where
+they apply, and PyTorch's ops wherever they do not or cannot be built."""
+from __future__ import annotations
+
+import copy
+import os
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from mnistflow import kernels
+from mnistflow.kernels.layout import swap_batch_channels
+from mnistflow.models import create_model
+from mnistflow.models.layers import BatchNormReLU2d, MaxPool2x2
+
+CL = torch.channels_last
+
+
+@pytest.fixture
+def rebuilt(monkeypatch):
+    """Forget the loaded library before and after the test (it is cached per process)."""
+    kernels.library.cache_clear()
+    yield monkeypatch
+    monkeypatch.undo()
+    kernels.library.cache_clear()
+
+
+def test_the_kernels_build_and_pass_their_self_check_here():
+    assert kernels.library() is not None, kernels.reason()
+    assert kernels.reason().startswith("loaded")
+    built = list(Path(os.environ["MNISTFLOW_HOME"], "kernels").glob("mnistflow-kernels-*.so"))
+    assert len(built) == 1
+
+
+def _inputs(shape, dtype, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randint(-4, 5, shape, generator=g).to(dtype)  # few distinct values: many ties
+    x.view(-1)[:: 97] = float("-inf")
+    x.view(-1)[5:: 211] = float("nan")
+    return x.contiguous(memory_format=CL)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("shape", [(2, 37, 5, 7), (3, 16, 8, 8), (4, 48, 7, 7), (2, 3, 1, 1), (1, 1, 9, 4)])
+def test_max_pool_kernel_is_pytorchs_max_pool_bit_for_bit(shape, dtype):
+    x = _inputs(shape, dtype)
+    a, b = x.clone().requires_grad_(), x.clone().requires_grad_()
+    want = F.max_pool2d(a, 2, ceil_mode=True)
+    got = MaxPool2x2(ceil_mode=True)(b)
+    assert type(got.grad_fn).__name__ == "_MaxPool2x2Backward"  # the kernel ran
+    assert got.is_contiguous(memory_format=CL)
+    torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
+    g = torch.randn(want.shape).to(dtype)  # NCHW: the backward takes any layout
+    want.backward(g)
+    got.backward(g)
+    assert torch.equal(b.grad, a.grad)
+
+
+def test_max_pool_falls_back_where_the_kernel_does_not_apply():
+    pool = MaxPool2x2(ceil_mode=False)
+    odd = torch.randn(2, 4, 7, 7).contiguous(memory_format=CL).requires_grad_()
+    assert type(pool(odd).grad_fn).__name__ != "_MaxPool2x2Backward"  # floor mode, odd size
+    nchw = torch.randn(2, 4, 8, 8, requires_grad=True)
+    out = pool(nchw)
+    assert type(out.grad_fn).__name__ != "_MaxPool2x2Backward"
+    assert torch.equal(out, F.max_pool2d(nchw, 2))
+    half = torch.randn(2, 4, 8, 8).half().contiguous(memory_format=CL)
+    assert torch.equal(pool(half), F.max_pool2d(half, 2))
+
+
+def _bn_pair(c, **kw):
+    torch.manual_seed(1)
+    ref = nn.BatchNorm2d(c, **kw)
+    if ref.affine:
+        nn.init.uniform_(ref.weight, 0.5, 1.5)
+        nn.init.normal_(ref.bias, 0, 0.2)
+    ours = BatchNormReLU2d(c, **kw)
+    ours.load_state_dict(ref.state_dict())
+    return ref, ours
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+@pytest.mark.parametrize("shape", [(8, 37, 5, 3), (256, 32, 7, 7), (64, 96, 2, 2)])
+def test_batch_norm_relu_kernel_matches_pytorch(shape, dtype, tol):
+    ref, ours = _bn_pair(shape[1])
+    x = (torch.randn(shape) * 3 + 1).to(dtype).contiguous(memory_format=CL)
+    g = torch.randn(shape).to(dtype).contiguous(memory_format=CL)
+    a, b = x.clone().requires_grad_(), x.clone().requires_grad_()
+    for _ in range(2):  # twice: the running statistics and the batch counter move alike
+        want = F.relu(ref(a))
+        got = ours(b)
+    assert type(got.grad_fn).__name__ == "_BatchNormReLUBackward"
+    want.backward(g)
+    got.backward(g)
+
+    def close(u, v):
+        u, v = u.detach().float(), v.detach().float()
+        return torch.allclose(u, v, rtol=tol, atol=tol * v.abs().max().item())
+
+    assert close(got, want) and close(b.grad, a.grad)
+    assert close(ours.weight.grad, ref.weight.grad) and close(ours.bias.grad, ref.bias.grad)
+    assert torch.allclose(ours.running_mean, ref.running_mean, rtol=1e-4, atol=1e-5)
+    assert torch.allclose(ours.running_var, ref.running_var, rtol=1e-4, atol=1e-5)
+    assert ours.num_batches_tracked.item() == ref.num_batches_tracked.item() == 2
+    ours.eval(), ref.eval()  # evaluation: PyTorch's own batch norm on the running statistics
+    with torch.no_grad():
+        assert close(ours(x), F.relu(ref(x)))  # (the running statistics differ in rounding)
+
+
+@pytest.mark.parametrize("kw", [dict(affine=False), dict(track_running_stats=False), dict(momentum=None)])
+def test_batch_norm_relu_variants(kw):
+    ref, ours = _bn_pair(24, **kw)
+    x = torch.randn(16, 24, 4, 4).contiguous(memory_format=CL)
+    for _ in range(3):
+        want, got = F.relu(ref(x)), ours(x)
+        assert torch.allclose(got, want, atol=1e-5)
+    assert type(got.grad_fn).__name__ == "_BatchNormReLUBackward" or not got.requires_grad
+    if ref.track_running_stats:
+        assert torch.allclose(ours.running_var, ref.running_var, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.int16])
+def test_swap_batch_channels(dtype):
+    x = (torch.randn(37, 21, 4, 3) * 100).to(dtype).contiguous(memory_format=CL)
+    out = swap_batch_channels(x)
+    assert torch.equal(out, x.transpose(0, 1)) and out.is_contiguous(memory_format=CL)
+    nchw = x.contiguous()
+    assert torch.equal(swap_batch_channels(nchw), nchw.transpose(0, 1))
+
+
+def _fast_step(model, x, y, bf16: bool):
+    with torch.autocast("cpu", torch.bfloat16, enabled=bf16):
+        loss = F.cross_entropy(model(x).float(), y)
+    loss.backward()
+    return {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+def test_a_fast_net_step_on_the_kernels_matches_one_on_pytorchs_ops(rebuilt):
+    torch.manual_seed(0)
+    model = create_model("fast").to(memory_format=CL)
+    x = torch.randn(64, 1, 28, 28).contiguous(memory_format=CL)
+    y = torch.randint(0, 10, (64,))
+    kern = {bf16: _fast_step(copy.deepcopy(model), x, y, bf16) for bf16 in (False, True)}
+    assert any(type(m).__name__ == "BatchNormReLU2d" for m in model.modules())
+    rebuilt.setenv("MNISTFLOW_KERNELS", "0")
+    kernels.library.cache_clear()
+    assert kernels.library() is None and "off" in kernels.reason()
+    ref = {bf16: _fast_step(copy.deepcopy(model), x, y, bf16) for bf16 in (False, True)}
+    for name, exact in ref[False].items():
+        scale = exact.abs().max().item()
+        # fp32: the same gradients up to the order of float sums
+        assert torch.allclose(kern[False][name], exact, rtol=1e-3, atol=1e-4 * scale), name
+        # bf16: both paths are as far from the fp32 gradient as bf16 rounding puts them
+        err_kernel = (kern[True][name] - exact).abs().max().item() / scale
+        err_torch = (ref[True][name] - exact).abs().max().item() / scale
+        assert err_kernel <= 1.5 * err_torch + 0.02, (name, err_kernel, err_torch)
+
+
+def test_no_compiler_means_pytorchs_ops_with_one_warning_and_nothing_half_written(rebuilt, tmp_path):
+    rebuilt.setenv("MNISTFLOW_HOME", str(tmp_path))
+    rebuilt.setenv("CC", "/bin/false")  # a "compiler" that always fails
+    with pytest.warns(RuntimeWarning, match="could not compile the kernels"):
+        assert kernels.library() is None
+    assert kernels.reason().startswith("unavailable")
+    assert not [p for p in (tmp_path / "kernels").iterdir()]  # no partial library left behind
+    x = torch.randn(4, 8, 6, 6).contiguous(memory_format=CL).requires_grad_()
+    out = BatchNormReLU2d(8)(MaxPool2x2()(x))  # still works, on PyTorch's ops
+    out.sum().backward()
+    assert out.shape == (4, 8, 3, 3) and x.grad is not None
+    rebuilt.setenv("CC", "/nonexistent/cc")
+    kernels.library.cache_clear()
+    with pytest.warns(RuntimeWarning, match="no C compiler"):
+        assert kernels.library() is None
