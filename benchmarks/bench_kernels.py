@@ -1,0 +1,149 @@
+"""mnistflow's native CPU kernels against the PyTorch ops they replace, in one run.
+
+    .venv/bin/python benchmarks/bench_kernels.py [--threads 2] [--rounds 30]
+
+Rows: each kernel (forward + backward where it has one) at the fast net's shapes (batch 256,
+bf16, channels-last), then whole training steps of the `fast` and `seed-cnn` nets (bf16
+autocast, Muon / Adam) with the kernels on and off (``MNISTFLOW_KERNELS=0``, switched in
+process). Everything is measured interleaved, round after round, and each figure is the
+median over rounds of the best of 5 calls: this VM's speed drifts by 1.5x over seconds, and
+interleaving puts both sides of a ratio in the same drift.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import machine, table  # noqa: E402
+
+import torch  # noqa: E402
+import torch.nn as nn  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+CL = torch.channels_last
+
+
+def interleaved(fns: dict, rounds: int, reps: int = 5, before: dict | None = None) -> dict:
+    """Median over rounds of the best of ``reps`` calls, in ms; all functions every round.
+    ``before[k]()`` runs untimed before function k's calls in each round."""
+    res = {k: [] for k in fns}
+    for k, f in fns.items():
+        if before:
+            before[k]()
+        f(), f()  # warm-up (oneDNN primitives, allocator)
+    for _ in range(rounds):
+        for k, f in fns.items():
+            if before:
+                before[k]()
+            best = float("inf")
+            for _ in range(reps):
+                t0 = time.perf_counter()
+                f()
+                best = min(best, time.perf_counter() - t0)
+            res[k].append(best)
+    return {k: statistics.median(v) * 1e3 for k, v in res.items()}
+
+
+def _set_kernels(on: bool) -> None:
+    from mnistflow import kernels
+
+    os.environ["MNISTFLOW_KERNELS"] = "1" if on else "0"
+    kernels.library.cache_clear()
+    kernels.library()
+
+
+def op_pairs() -> list[tuple[str, object, object]]:
+    """(name, PyTorch version, kernel version): each a fwd+bwd closure on fixed inputs."""
+    from mnistflow.kernels.layout import swap_batch_channels
+    from mnistflow.models.layers import BatchNormReLU2d, MaxPool2x2
+
+    pairs = []
+    for c, h in ((32, 14), (48, 7), (96, 4)):
+        x = torch.randn(256, c, h, h).bfloat16().contiguous(memory_format=CL)
+        g = torch.randn(256, c, (h + 1) // 2, (h + 1) // 2).bfloat16().contiguous(memory_format=CL)
+
+        def ref(x=x, g=g):
+            a = x.detach().requires_grad_()
+            F.max_pool2d(a, 2, ceil_mode=True).backward(g)
+
+        def ker(x=x, g=g, pool=MaxPool2x2()):
+            a = x.detach().requires_grad_()
+            pool(a).backward(g)
+
+        pairs.append((f"max-pool 2x2 {c}x{h}x{h}, fwd+bwd", ref, ker))
+    for c, h in ((32, 7), (48, 4), (96, 2)):
+        x = torch.randn(256, c, h, h).bfloat16().contiguous(memory_format=CL)
+        g = torch.randn_like(x)
+        bn, ours = nn.BatchNorm2d(c), BatchNormReLU2d(c)
+
+        def ref(x=x, g=g, bn=bn):
+            a = x.detach().requires_grad_()
+            F.relu(bn(a), inplace=True).backward(g)
+
+        def ker(x=x, g=g, ours=ours):
+            a = x.detach().requires_grad_()
+            ours(a).backward(g)
+
+        pairs.append((f"batch norm + ReLU {c}x{h}x{h}, fwd+bwd", ref, ker))
+    for c in (48, 96):
+        x = torch.randn(256, c, 4, 4).bfloat16().contiguous(memory_format=CL)
+        pairs.append((f"batch/channel swap {c}x4x4", lambda x=x: x.transpose(0, 1).contiguous(memory_format=CL),
+                      lambda x=x: swap_batch_channels(x)))
+    return pairs
+
+
+def step_fn(name: str, optimizer: str):
+    from mnistflow.models import create_model
+    from mnistflow.optim import build_optimizer
+
+    torch.manual_seed(0)
+    model = create_model(name).to(memory_format=CL)
+    opt = build_optimizer(optimizer, model.parameters(), 1e-3 if optimizer == "adam" else 0.5,
+                          **({} if optimizer == "adam" else dict(momentum=0.9, nesterov=True)))
+    x = torch.randn(256 if name == "fast" else 128, 1, 28, 28).contiguous(memory_format=CL)
+    y = torch.randint(0, 10, (x.shape[0],))
+
+    def step():
+        with torch.autocast("cpu", torch.bfloat16):
+            loss = F.cross_entropy(model(x).float(), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    return step
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
+    ap.add_argument("--rounds", type=int, default=30)
+    args = ap.parse_args()
+    from mnistflow.runtime import tune_malloc
+
+    tune_malloc()
+    torch.set_num_threads(args.threads)
+    _set_kernels(True)
+    from mnistflow import kernels
+    if kernels.library() is None:
+        sys.exit(f"bench_kernels: the kernels are {kernels.reason()}")
+    print(machine())
+    rows = []
+    for name, ref, ker in op_pairs():
+        t = interleaved({"ref": ref, "ker": ker}, args.rounds)
+        rows.append({"op": name, "PyTorch ms": t["ref"], "kernel ms": t["ker"], "ratio": t["ker"] / t["ref"]})
+    for net, optimizer in (("fast", "muon"), ("seed-cnn", "adam")):
+        steps = {"on": step_fn(net, optimizer), "off": step_fn(net, optimizer)}
+        switch = {"on": lambda: _set_kernels(True), "off": lambda: _set_kernels(False)}
+        t = interleaved(steps, max(args.rounds // 3, 5), before=switch)
+        rows.append({"op": f"{net} training step ({optimizer}, batch {256 if net == 'fast' else 128})",
+                     "PyTorch ms": t["off"], "kernel ms": t["on"], "ratio": t["on"] / t["off"]})
+    _set_kernels(True)
+    print(table(rows, ["op", "PyTorch ms", "kernel ms", "ratio"]))
+
+
+if __name__ == "__main__":
+    main()
