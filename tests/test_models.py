@@ -142,3 +142,21 @@ def test_tiny_map_conv_has_nn_conv2ds_gradients(autocast, size, monkeypatch):
         assert a.dtype == b.dtype and torch.allclose(a, b, rtol=tol, atol=tol * a.abs().max().item())
     assert outs[0][2].dtype == torch.float32  # the parameter's gradient, as autocast gives it
     assert len(calls) == (size <= 4)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.uint8, torch.float64])
+@pytest.mark.parametrize("layout", [torch.contiguous_format, torch.channels_last])
+@pytest.mark.parametrize("c", [1, 3])
+def test_space_to_depth_is_tensorflows_and_pixel_unshuffle_for_one_channel(c, layout, dtype):
+    from mnistflow.models.fast import space_to_depth
+
+    x = (torch.randn(5, c, 8, 6) * 50).to(dtype).contiguous(memory_format=layout)
+    out = space_to_depth(x)
+    want = x.view(5, c, 4, 2, 3, 2).permute(0, 3, 5, 1, 2, 4).reshape(5, 4 * c, 4, 3)  # (row, col, ch)
+    assert torch.equal(out, want) and out.is_contiguous(memory_format=torch.channels_last)
+    if c == 1:
+        assert torch.equal(out, torch.nn.functional.pixel_unshuffle(x, 2))
+    if dtype.is_floating_point:  # the plain path keeps the gradient
+        xg = x.clone().requires_grad_()
+        space_to_depth(xg).float().pow(2).sum().backward()
+        assert torch.equal(xg.grad, 2 * x)
