@@ -3,7 +3,7 @@
 The C sources next to this file are compiled on first use with the system C compiler
 (``$CC``, else ``cc``; ``-O3 -march=native -fopenmp``) into mnistflow's cache
 (``$MNISTFLOW_HOME/kernels``, named by a hash of the sources, flags, compiler and CPU) and
-loaded with ctypes: no torch headers, so a build takes about half a second. Every kernel is
+loaded with ctypes: no torch headers, so a build takes about a second. Every kernel is
 checked against PyTorch on a small input before it is used.
 
 Nothing depends on them: with no compiler, a failed build or check, a non-CPU device, or
@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 SOURCES = ("maxpool.c", "bnrelu.c", "layout.c")  # compiled
-HEADERS = ("bnrelu_impl.h",)  # included by them
+HEADERS = ("bf16.h", "bnrelu_impl.h")  # included by them
 CFLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11")
 
 _P, _I = ctypes.c_void_p, ctypes.c_int64

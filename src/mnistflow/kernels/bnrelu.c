@@ -8,27 +8,14 @@
  * partial sums over FOLD rows, which GCC vectorizes), combined in thread order, so results do
  * not depend on timing. The element types are instantiated from bnrelu_impl.h.
  *
- * bf16 values are uint16 bit patterns, rounded to nearest even on the way out; fp32 as float.
+ * bf16 values are uint16 bit patterns (bf16.h), rounded to nearest even on the way out.
  */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <omp.h>
 
-static inline float bf16_load(uint16_t b) {
-    union { uint32_t u; float f; } v;
-    v.u = (uint32_t)b << 16;
-    return v.f;
-}
-static inline uint16_t bf16_store(float f) {
-    union { uint32_t u; float f; } v;
-    v.f = f;
-    uint32_t rounded = (v.u + 0x7FFF + ((v.u >> 16) & 1)) >> 16;
-    uint32_t nan = (v.u >> 16) | 0x40;  /* a quiet NaN; both computed: no branch in the loop */
-    return (uint16_t)(f != f ? nan : rounded);
-}
-static inline float f32_load(float f) { return f; }
-static inline float f32_store(float f) { return f; }
+#include "bf16.h"
 
 #define BLOCK 16  /* channels per inner call: one AVX-512 vector of floats */
 #define MAX_THREADS 64

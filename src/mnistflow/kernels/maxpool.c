@@ -19,12 +19,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 
-static inline float bf16_to_float(uint16_t b) {
-    union { uint32_t u; float f; } v;
-    v.u = (uint32_t)b << 16;
-    return v.f;
-}
-static inline float float_id(float v) { return v; }
+#include "bf16.h"
 
 #define MAX4(NAME, T, LOAD)                                                                    \
 static inline void NAME(const T *restrict a, const T *restrict b, const T *restrict c,       \
@@ -40,8 +35,8 @@ static inline void NAME(const T *restrict a, const T *restrict b, const T *restr
         code[k] = i;                                                                           \
     }                                                                                          \
 }
-MAX4(max4_bf16, uint16_t, bf16_to_float)
-MAX4(max4_f32, float, float_id)
+MAX4(max4_bf16, uint16_t, bf16_load)
+MAX4(max4_f32, float, f32_load)
 
 /* y (N, OH, OW, C) and code (N, OH, OW, C): code = dy * 2 + dx of the winner. A window cut by
    the edge (odd sizes, ceil mode) reads -inf for its missing inputs: they never win, as in
