@@ -23,7 +23,6 @@ import platform
 import shutil
 import subprocess
 import tempfile
-import warnings
 from functools import lru_cache
 from pathlib import Path
 
@@ -141,9 +140,9 @@ def library() -> ctypes.CDLL | None:
             bnrelu.self_check(lib)
             layout.self_check(lib)
     except Exception as e:  # any failure: PyTorch's ops instead, said once
+        from ..runtime import warn
         _state["reason"] = f"unavailable: {e}"
-        warnings.warn(f"mnistflow native kernels {_state['reason']}; using PyTorch's ops (slower)",
-                      RuntimeWarning, stacklevel=2)
+        warn(f"native kernels {_state['reason']}; using PyTorch's ops (slower)")
         return None
     _state["reason"] = "loaded" + (" (1 thread: a second OpenMP runtime is loaded)"
                                    if _state["single_thread"] else "")

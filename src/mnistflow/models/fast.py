@@ -127,7 +127,7 @@ class FastNet(nn.Module):
         if self.s2d:
             x = space_to_depth(x)  # (N, C, H, W) -> (N, 4C, H/2, W/2)
         x = self.features(x)
-        if x.shape[-2:] == (2, 2):  # MNIST and CIFAR sizes: the max-pool kernel, one pass each way
+        if not torch.jit.is_tracing() and x.shape[-2:] == (2, 2):  # MNIST, CIFAR: the max-pool kernel
             x = self.last_pool(x).flatten(1)
         else:  # (amax's backward is an equality mask and a division: 3 passes)
             x = torch.amax(x, dim=(2, 3))  # global max pool
