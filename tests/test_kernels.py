@@ -178,3 +178,98 @@ def test_no_compiler_means_pytorchs_ops_with_one_warning_and_nothing_half_writte
     capfd.readouterr()
     assert kernels.library() is None
     assert "no C compiler" in capfd.readouterr().err
+
+
+# --- the AMX weight gradient (kernels/wgrad.c) ----------------------------------------------
+
+def _amx():
+    from mnistflow.kernels import wgrad
+
+    if not wgrad.available():
+        pytest.skip(f"AMX weight-gradient kernel: {wgrad.reason()}")
+    return wgrad
+
+
+@pytest.mark.parametrize("n,c,o,h,w", [
+    (3, 16, 32, 5, 7), (2, 4, 16, 6, 3), (1, 1, 16, 2, 2), (5, 3, 128, 9, 9), (2, 64, 256, 1, 1),
+    (97, 32, 48, 7, 7),  # 4,753 pixels: several chunks, the last one partial, on every thread
+    (40, 48, 96, 4, 4), (30, 4, 32, 14, 14)])
+def test_amx_weight_gradient_matches_a_float64_reference(n, c, o, h, w):
+    wgrad = _amx()
+    g = torch.Generator().manual_seed(n * 1000 + c)
+    x = torch.randn(n, c, h, w, generator=g).to(torch.bfloat16).contiguous(memory_format=CL)
+    gy = torch.randn(n, o, h, w, generator=g).to(torch.bfloat16).contiguous(memory_format=CL)
+    got = wgrad._weight_grad(kernels.library(), x, gy)
+    want = torch.ops.aten.convolution_backward(gy.double(), x.double(), torch.zeros(o, c, 3, 3, dtype=torch.float64),
+                                               None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1,
+                                               [False, True, False])[1]
+    assert got.shape == (o, c, 3, 3) and got.dtype == torch.float32
+    # inputs are exact in both; only the fp32 accumulation differs
+    assert torch.allclose(got.double(), want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
+
+
+def test_amx_weight_gradient_takes_only_the_shapes_it_can():
+    wgrad = _amx()
+    x = torch.randn(2, 16, 5, 5).to(torch.bfloat16).contiguous(memory_format=CL)
+    assert wgrad.supports(x, 32)
+    assert not wgrad.supports(x, 40)  # out channels off the 16-wide tiles
+    assert not wgrad.supports(x[:, :8].contiguous(memory_format=CL), 32)  # 8 in channels: neither path
+    assert not wgrad.supports(x.float(), 32) and not wgrad.supports(x.contiguous(), 32)
+
+
+@pytest.mark.parametrize("amx", ["1", "0"])
+@pytest.mark.parametrize("autocast", [False, True], ids=["fp32", "bf16-autocast"])
+@pytest.mark.parametrize("c,o,size", [(4, 32, 14), (32, 48, 7), (48, 96, 4), (48, 96, 2)])
+def test_fast_conv_has_nn_conv2ds_values_and_gradients(c, o, size, autocast, amx, monkeypatch):
+    """The fast net's convolutions: the AMX weight gradient under bf16 autocast (when the CPU has
+    AMX), else the batch-axis one at 4x4 and below, else nn.Conv2d; always nn.Conv2d's numbers."""
+    from mnistflow.kernels import wgrad
+    from mnistflow.models import fast
+
+    monkeypatch.setenv("MNISTFLOW_AMX", amx)
+    on_amx = autocast and wgrad.available()
+    assert not (amx == "0" and wgrad.available())
+    calls = {"amx": 0, "batch": 0}
+    weight_grad, batch_apply = wgrad._weight_grad, fast._WeightGradOverBatch.apply
+    monkeypatch.setattr(wgrad, "_weight_grad", lambda *a: calls.__setitem__("amx", calls["amx"] + 1) or weight_grad(*a))
+    monkeypatch.setattr(fast._WeightGradOverBatch, "apply",
+                        lambda *a: calls.__setitem__("batch", calls["batch"] + 1) or batch_apply(*a))
+    torch.manual_seed(0)
+    conv = fast.FastConv2d(c, o, 3)
+    ref = nn.Conv2d(c, o, 3, padding=1, bias=False)
+    ref.weight.data.copy_(conv.weight.data)
+    x0 = torch.randn(64, c, size, size).contiguous(memory_format=CL)
+    g = torch.randn(64, o, size, size)
+    outs = []
+    for m in (conv, ref):
+        x = x0.clone().requires_grad_()
+        with torch.autocast("cpu", torch.bfloat16, enabled=autocast):
+            y = m(x)
+        (y.float() * g).sum().backward()
+        outs.append((y.float(), x.grad, m.weight.grad))
+    tol = 2e-2 if autocast else 1e-4  # bf16: the reference rounds its weight gradient to bf16
+    for a, b in zip(*outs):
+        assert a.dtype == b.dtype and torch.allclose(a, b, rtol=tol, atol=tol * a.abs().max().item())
+    assert outs[0][2].dtype == torch.float32  # the parameter's gradient, as autocast gives it
+    assert calls == {"amx": int(on_amx), "batch": int(not on_amx and size <= 4)}
+
+
+@pytest.mark.parametrize("n,c,o,h,w", [(30, 4, 32, 14, 14), (7, 16, 16, 7, 5), (3, 1, 48, 3, 3)])
+def test_conv_max_pool_node_matches_the_two_layers(n, c, o, h, w):
+    """The first layer's conv + 2x2 max-pool as one node (its weight gradient straight from the
+    pool's gradient and winners, odd sizes in ceil mode): nn.Conv2d + max_pool2d's numbers."""
+    wgrad = _amx()
+    torch.manual_seed(n)
+    x = torch.randn(n, c, h, w).to(torch.bfloat16).contiguous(memory_format=CL)
+    w1 = torch.randn(o, c, 3, 3, requires_grad=True)
+    w2 = w1.detach().clone().requires_grad_()
+    out = wgrad.conv3x3_maxpool(x, w1)
+    ref = F.max_pool2d(F.conv2d(x, w2.to(torch.bfloat16), padding=1), 2, ceil_mode=True)
+    assert torch.equal(out, ref)  # the same convolution, and the pool is exact
+    g = torch.randn(ref.shape).to(torch.bfloat16)
+    out.backward(g)
+    ref.backward(g)
+    # the reference's gradient went through bf16 (autocast-style); the node's is fp32
+    assert torch.allclose(w1.grad, w2.grad, rtol=1e-2, atol=1e-2 * w2.grad.abs().max().item())
+    with pytest.raises(ValueError, match="must not need a gradient"):
+        wgrad.conv3x3_maxpool(x.float().requires_grad_().to(torch.bfloat16), w1)

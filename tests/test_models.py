@@ -112,38 +112,6 @@ def test_dropout_mask_rate_independence_and_seeding(p):
     assert torch.equal(keep_mask(x, p), m)
 
 
-@pytest.mark.parametrize("autocast", [False, True], ids=["fp32", "bf16-autocast"])
-@pytest.mark.parametrize("size", [4, 2, 7])
-def test_tiny_map_conv_has_nn_conv2ds_gradients(autocast, size, monkeypatch):
-    """The fast net's last-stage conv takes its weight gradient as a convolution over the batch
-    axis on 4x4 maps and smaller (7x7: the plain path); values and gradients are nn.Conv2d's."""
-    from mnistflow.models import fast
-    from mnistflow.models.fast import TinyMapConv2d
-
-    calls = []
-    apply = fast._WeightGradOverBatch.apply
-    monkeypatch.setattr(fast._WeightGradOverBatch, "apply", lambda *a: calls.append(1) or apply(*a))
-
-    torch.manual_seed(0)
-    tiny = TinyMapConv2d(48, 96, 3)
-    ref = torch.nn.Conv2d(48, 96, 3, padding=1, bias=False)
-    ref.weight.data.copy_(tiny.weight.data)
-    x0 = torch.randn(64, 48, size, size).contiguous(memory_format=torch.channels_last)
-    g = torch.randn(64, 96, size, size)
-    outs = []
-    for conv in (tiny, ref):
-        x = x0.clone().requires_grad_()
-        with torch.autocast("cpu", torch.bfloat16, enabled=autocast):
-            y = conv(x)
-        (y.float() * g).sum().backward()
-        outs.append((y.float(), x.grad, conv.weight.grad))
-    tol = 2e-2 if autocast else 1e-4
-    for a, b in zip(*outs):
-        assert a.dtype == b.dtype and torch.allclose(a, b, rtol=tol, atol=tol * a.abs().max().item())
-    assert outs[0][2].dtype == torch.float32  # the parameter's gradient, as autocast gives it
-    assert len(calls) == (size <= 4)
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.uint8, torch.float64])
 @pytest.mark.parametrize("layout", [torch.contiguous_format, torch.channels_last])
 @pytest.mark.parametrize("c", [1, 3])

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-SOURCES = ("maxpool.c", "bnrelu.c", "layout.c")  # compiled
+SOURCES = ("maxpool.c", "bnrelu.c", "layout.c", "wgrad.c")  # compiled
 HEADERS = ("bf16.h", "bnrelu_impl.h")  # included by them
 CFLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11")
 
@@ -44,6 +44,10 @@ _SIGNATURES = {  # name: (argument types, return type)
     "bnrelu_forward_bf16": _BN_FORWARD, "bnrelu_forward_f32": _BN_FORWARD,
     "bnrelu_backward_bf16": _BN_BACKWARD, "bnrelu_backward_f32": _BN_BACKWARD,
     "swap_nc_u16": ([_P, _P, _I, _I, _I, _N], None), "swap_nc_u32": ([_P, _P, _I, _I, _I, _N], None),
+    "amx_request": ([], _N),  # 0: this process may use AMX tiles
+    "conv3x3_wgrad_bf16": ([_P, _P, _P, _I, _I, _I, _I, _I, _N], _N),  # 0; 1 no memory; 2 shape; -1 no AMX
+    "conv3x3_maxpool_wgrad_bf16": ([_P, _P, _P, _P, _I, _I, _I, _I, _I, _N], _N),
+    "conv3x3_maxpool_forward_bf16": ([_P, _P, _P, _P, _I, _I, _I, _I, _I, _N], _N),
 }
 
 _state: dict = {"reason": "not loaded yet"}

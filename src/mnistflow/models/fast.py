@@ -10,8 +10,9 @@
 * 32 channels in the first stage, not 24: the same step time (32 fills the bf16 vectors of the
   channels-last batch norm and pooling kernels; 24 left them on slower paths) and a better
   worst seed (99.11% vs 99.06% test on 3 seeds).
-* The last stage's convolution (a 4x4 map) takes its weight gradient as a convolution over
-  the batch axis on CPUs (``TinyMapConv2d``): oneDNN's own ran 3-4x slower than the forward.
+* The convolutions take their weight gradient from mnistflow's AMX kernel on CPUs that have
+  AMX, else (at 4x4 and below) as a convolution over the batch axis (``FastConv2d``):
+  oneDNN's own ran 2-4x slower than the forward at these sizes.
 * Max-pooling and batch norm + ReLU run on mnistflow's native kernels on CPUs
   (``layers.MaxPool2x2``, ``layers.BatchNormReLU2d``): PyTorch's max-pool was ~20% of the
   step at the first stage.
@@ -22,6 +23,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..kernels import wgrad
 from ..kernels.layout import swap_batch_channels
 from .layers import BatchNormReLU2d, MaxPool2x2
 from .registry import register_model
@@ -56,26 +58,55 @@ class _WeightGradOverBatch(torch.autograd.Function):
         return gx, gw, None
 
 
-class TinyMapConv2d(nn.Conv2d):
-    """A stride-1, odd-kernel, SAME, bias-free ``nn.Conv2d`` that trains faster on CPUs on maps
-    of at most 4x4 (``_WeightGradOverBatch``); elsewhere, and outside training, it is
-    ``nn.Conv2d``."""
+class FastConv2d(nn.Conv2d):
+    """A stride-1, odd-kernel, SAME, bias-free ``nn.Conv2d`` with a faster weight gradient
+    when training on CPUs:
+
+    * 3x3 under bf16 autocast on a CPU with AMX: the native kernel's
+      (``kernels.wgrad``; oneDNN's took 2-4x the forward's time at these sizes);
+    * otherwise, on maps of at most 4x4: a convolution over the batch axis
+      (``_WeightGradOverBatch``).
+
+    Elsewhere, and outside training, it is ``nn.Conv2d``.
+    """
 
     def __init__(self, in_ch: int, out_ch: int, kernel: int):
         if kernel % 2 == 0:
-            raise ValueError(f"TinyMapConv2d needs an odd kernel, got {kernel}")
+            raise ValueError(f"FastConv2d needs an odd kernel, got {kernel}")
         super().__init__(in_ch, out_ch, kernel, padding=kernel // 2, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if (torch.jit.is_tracing() or x.device.type != "cpu" or x.shape[-1] * x.shape[-2] > 16
-                or not torch.is_grad_enabled() or not self.weight.requires_grad):
+        if (torch.jit.is_tracing() or x.device.type != "cpu" or not torch.is_grad_enabled()
+                or not self.weight.requires_grad):
+            return super().forward(x)
+        autocast = torch.is_autocast_enabled("cpu")
+        dt = torch.get_autocast_dtype("cpu") if autocast else x.dtype
+        if autocast and dt == torch.bfloat16 and self.kernel_size == (3, 3):
+            xb = x.to(dt)  # what autocast would cast
+            if wgrad.supports(xb, self.out_channels):
+                with torch.autocast("cpu", enabled=False):
+                    return wgrad.conv3x3(xb, self.weight)  # fp32 weight in, fp32 gradient out
+        if x.shape[-1] * x.shape[-2] > 16:
             return super().forward(x)
         w = self.weight
-        if torch.is_autocast_enabled("cpu"):  # autocast's own casts (its grad flows back to fp32)
-            dt = torch.get_autocast_dtype("cpu")
+        if autocast:  # autocast's own casts (its grad flows back to fp32)
             x, w = x.to(dt), w.to(dt)
         with torch.autocast("cpu", enabled=False):
             return _WeightGradOverBatch.apply(x, w, self.padding[0])
+
+    def forward_pooled(self, x: torch.Tensor, pool: MaxPool2x2) -> torch.Tensor:
+        """``pool(self(x))``; for an input that needs no gradient (the first layer), in training,
+        with the AMX kernel: one autograd node whose backward takes the weight gradient
+        straight from the pool's (``kernels.wgrad.conv3x3_maxpool``)."""
+        if (torch.is_grad_enabled() and self.weight.requires_grad and not x.requires_grad
+                and self.kernel_size == (3, 3) and pool.ceil_mode and x.device.type == "cpu"
+                and torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
+                and not torch.jit.is_tracing()):
+            xb = x.to(torch.bfloat16)
+            if wgrad.supports(xb, self.out_channels):
+                with torch.autocast("cpu", enabled=False):
+                    return wgrad.conv3x3_maxpool(xb, self.weight)
+        return pool(self(x))
 
 
 _WORD = {1: torch.int16, 2: torch.int32, 4: torch.int64}  # the integer twice an element's size
@@ -116,7 +147,7 @@ class FastNet(nn.Module):
         ch = c * 4 if self.s2d else c
         layers = []
         for width in widths:
-            layers += [TinyMapConv2d(ch, width, 3), MaxPool2x2(ceil_mode=True), BatchNormReLU2d(width)]
+            layers += [FastConv2d(ch, width, 3), MaxPool2x2(ceil_mode=True), BatchNormReLU2d(width)]
             ch = width
         self.features = nn.Sequential(*layers)
         self.last_pool = MaxPool2x2()
@@ -126,7 +157,10 @@ class FastNet(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.s2d:
             x = space_to_depth(x)  # (N, C, H, W) -> (N, 4C, H/2, W/2)
-        x = self.features(x)
+        conv, pool = self.features[0], self.features[1]
+        x = conv.forward_pooled(x, pool)  # the first conv and its pool: one node in training
+        for i in range(2, len(self.features)):
+            x = self.features[i](x)
         if not torch.jit.is_tracing() and x.shape[-2:] == (2, 2):  # MNIST, CIFAR: the max-pool kernel
             x = self.last_pool(x).flatten(1)
         else:  # (amax's backward is an equality mask and a division: 3 passes)

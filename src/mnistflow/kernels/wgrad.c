@@ -1,0 +1,427 @@
+#define _GNU_SOURCE
+/* Weight gradient of a 3x3, stride-1, padding-1 convolution on channels-last bf16 tensors,
+ * on the AMX matrix engine.
+ *
+ * dW[o][kh][kw][c] = sum over pixels p = (n, y, x) of g[p][o] * x[n][y+kh-1][x+kw-1][c]
+ *
+ * is one matrix product with a long reduction: (O x K) . (K x 9C), K = N*H*W pixels (18,816
+ * for the fast net's 7x7 stage at batch 384) and both other sides small (16-96). oneDNN's
+ * backward-weights kernel ran such shapes at 3-4x the time of the forward convolution of the
+ * same FLOPs. Here each thread takes a share of the pixels in chunks that stay in its L2:
+ *   A = g transposed, tiles of 16 output channels x 32 pixels;
+ *   B = the shifted inputs ("im2col" rows, never materialized whole) in AMX's pair-interleaved
+ *       (VNNI) layout, tiles of 16 pixel pairs x 16 columns of (kh, kw, c);
+ * and accumulates C = A . B in fp32 tiles; the threads' sums are added at the end.
+ *
+ * Built only where the compiler targets AMX (-march=native on a CPU with amx-tile/amx-bf16);
+ * elsewhere conv3x3_wgrad_bf16 returns -1 and the caller uses PyTorch's.
+ */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BW__) && defined(__linux__)
+#include <immintrin.h>
+#include <omp.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#define ARCH_REQ_XCOMP_PERM 0x1023
+#define XFEATURE_XTILEDATA 18
+#ifndef KC
+#define KC 512  /* pixels per chunk: a multiple of 32 */
+#endif
+
+typedef struct {
+    uint8_t palette_id, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} tile_config;
+
+/* Linux hands a process the AMX register state only on request (once per process). */
+int amx_request(void) {
+    return (int)syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0 ? 0 : 1;
+}
+
+static void configure_tiles(void) {
+    tile_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette_id = 1;
+    for (int t = 0; t < 8; t++) {  /* every tile 16 rows x 64 bytes */
+        cfg.rows[t] = 16;
+        cfg.colsb[t] = 64;
+    }
+    _tile_loadconfig(&cfg);
+}
+
+/* Interleaves two rows of 16 bf16 into 16 pairs: (a0, b0, a1, b1, ...), AMX's VNNI layout. */
+static inline __m512i interleave16(__m256i a, __m256i b) {
+    const __m512i idx = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9,
+                                         24, 8, 23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1,
+                                         16, 0);
+    return _mm512_permutexvar_epi16(idx, _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1));
+}
+
+/* In-register transpose of a 16 x 16 matrix of 32-bit words: at each distance d = 8, 4, 2, 1
+ * the off-diagonal d x d blocks of row pairs (i, i + d) swap. */
+static inline void transpose16x16(__m512i r[16]) {
+    /* for distance d: row i takes its own words k without bit d and row i+d's k-d with it;
+       row i+d takes row i's k+d without bit d and its own words k with it (16+: the 2nd source) */
+    static const int32_t lo[4][16] = {
+        {0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23},
+        {0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27},
+        {0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29},
+        {0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30}};
+    static const int32_t hi[4][16] = {
+        {8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31},
+        {4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31},
+        {2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31},
+        {1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31}};
+    for (int s = 0, d = 8; s < 4; s++, d /= 2) {
+        const __m512i va = _mm512_loadu_si512(lo[s]), vb = _mm512_loadu_si512(hi[s]);
+        for (int i = 0; i < 16; i++)
+            if (!(i & d)) {
+                const __m512i x = r[i], y = r[i + d];
+                r[i] = _mm512_permutex2var_epi32(x, va, y);
+                r[i + d] = _mm512_permutex2var_epi32(x, vb, y);
+            }
+    }
+}
+
+/* Walks pixels p0, p0 + 1, ... keeping (n, y, x) without a division per pixel. */
+typedef struct { int64_t p, n, y, x; } cursor;
+
+static inline cursor cursor_at(int64_t p, int64_t H, int64_t W) {
+    const int64_t yx = p % (H * W);
+    return (cursor){p, p / (H * W), yx / W, yx % W};
+}
+
+static inline void cursor_next(cursor *c, int64_t H, int64_t W) {
+    c->p++;
+    if (++c->x == W) {
+        c->x = 0;
+        if (++c->y == H) {
+            c->y = 0;
+            c->n++;
+        }
+    }
+}
+
+/* Where the output gradient g (N, H, W, O) comes from: g itself, or (pooled) the gradient gp of
+ * a following 2x2 max-pool (N, ceil(H/2), ceil(W/2), O) and its winner codes (dy * 2 + dx, one
+ * byte each): g is gp at the window's winner and 0 elsewhere, never written out. */
+typedef struct {
+    const uint16_t *g, *gp;
+    const uint8_t *code;
+} grad_source;
+
+/* 16 output channels [o0, o0 + 16) of g at the cursor's pixel (0 past the last), then steps. */
+static inline __m256i grad_row(const grad_source *s, cursor *c, int64_t P, int64_t H, int64_t W,
+                               int64_t O, int64_t o0) {
+    __m256i v = _mm256_setzero_si256();
+    if (c->p < P) {
+        if (!s->gp) {
+            v = _mm256_loadu_si256((const __m256i *)(s->g + c->p * O + o0));
+        } else {
+            const int64_t OH = (H + 1) / 2, OW = (W + 1) / 2;
+            const int64_t i = ((c->n * OH + c->y / 2) * OW + c->x / 2) * O + o0;
+            const __m128i want = _mm_set1_epi8((char)((c->y & 1) * 2 + (c->x & 1)));
+            const __mmask16 won = _mm_cmpeq_epi8_mask(_mm_loadu_si128((const __m128i *)(s->code + i)), want);
+            v = _mm256_maskz_loadu_epi16(won, s->gp + i);
+        }
+    }
+    return v;
+}
+
+/* A tiles for pixels [p0, p0 + KC): at[mb][kb][r][j] = g[p0 + 32 kb + j][16 mb + r], 0 past P.
+ * Pixel pairs are interleaved first (16 words per pair, one per channel), then the 16 pairs x
+ * 16 channels of words are transposed: each tile row is one channel's 32 pixels. */
+static void pack_a(const grad_source *s, uint16_t *at, int64_t p0, int64_t P, int64_t H, int64_t W,
+                   int64_t O) {
+    const int64_t MB = O / 16, KB = KC / 32;
+    __m512i r[16];
+    for (int64_t kb = 0; kb < KB; kb++)
+        for (int64_t mb = 0; mb < MB; mb++) {
+            cursor c = cursor_at(p0 + kb * 32, H, W);  /* one division per tile */
+            for (int q = 0; q < 16; q++) {
+                const __m256i va = grad_row(s, &c, P, H, W, O, mb * 16);
+                cursor_next(&c, H, W);
+                const __m256i vb = grad_row(s, &c, P, H, W, O, mb * 16);
+                cursor_next(&c, H, W);
+                r[q] = interleave16(va, vb);
+            }
+            transpose16x16(r);
+            uint16_t *dst = at + ((mb * KB + kb) * 16) * 32;
+            for (int q = 0; q < 16; q++) _mm512_storeu_si512((void *)(dst + q * 32), r[q]);
+        }
+}
+
+/* B tiles for pixels [p0, p0 + KC): bt[nb][kb][r][2 j + i] = col[p0 + 32 kb + 2 r + i][16 nb + j],
+ * col[p][(kh * 3 + kw) * C + c] = x under tap (kh, kw) of p, channel c; zero past 9C and P. */
+static void pack_b(const uint16_t *x, uint16_t *bt, int64_t p0, int64_t P, int64_t H, int64_t W,
+                   int64_t C) {
+    const int64_t KB = KC / 32;
+    if (C % 16 == 0) {  /* each 16-column block is one tap's 16 channels; tap by tap */
+        const int64_t CB = C / 16;
+        static const int16_t ilo[32] = {0, 32, 1, 33, 2, 34, 3, 35, 4, 36, 5, 37, 6, 38, 7, 39,
+                                        8, 40, 9, 41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
+        static const int16_t ihi[32] = {16, 48, 17, 49, 18, 50, 19, 51, 20, 52, 21, 53, 22, 54, 23, 55,
+                                        24, 56, 25, 57, 26, 58, 27, 59, 28, 60, 29, 61, 30, 62, 31, 63};
+        const __m512i lo = _mm512_loadu_si512(ilo), hi = _mm512_loadu_si512(ihi);
+        const cursor start = cursor_at(p0, H, W);
+        for (int t = 0; t < 9; t++) {
+            const int64_t dy = t / 3 - 1, dx = t % 3 - 1, off = (dy * W + dx) * C;
+            cursor c = start;
+            uint16_t *dst = bt + t * CB * KB * 512;  /* tiles (t, cb, kb): rows of pixel pairs */
+            for (int64_t pair = 0; pair < KC / 2; pair++, dst += 32) {
+                const uint16_t *src[2];
+                for (int i = 0; i < 2; i++) {
+                    const int64_t yy = c.y + dy, xx = c.x + dx;
+                    src[i] = c.p < P && yy >= 0 && yy < H && xx >= 0 && xx < W ? x + c.p * C + off : NULL;
+                    cursor_next(&c, H, W);
+                }
+                int64_t cb = 0;
+                for (; cb + 2 <= CB; cb += 2) {  /* 32 channels per load */
+                    __m512i va = src[0] ? _mm512_loadu_si512(src[0] + cb * 16) : _mm512_setzero_si512();
+                    __m512i vb = src[1] ? _mm512_loadu_si512(src[1] + cb * 16) : _mm512_setzero_si512();
+                    _mm512_storeu_si512((void *)(dst + cb * KB * 512), _mm512_permutex2var_epi16(va, lo, vb));
+                    _mm512_storeu_si512((void *)(dst + (cb + 1) * KB * 512), _mm512_permutex2var_epi16(va, hi, vb));
+                }
+                if (cb < CB) {
+                    __m256i va = src[0] ? _mm256_loadu_si256((const __m256i *)(src[0] + cb * 16))
+                                        : _mm256_setzero_si256();
+                    __m256i vb = src[1] ? _mm256_loadu_si256((const __m256i *)(src[1] + cb * 16))
+                                        : _mm256_setzero_si256();
+                    _mm512_storeu_si512((void *)(dst + cb * KB * 512), interleave16(va, vb));
+                }
+            }
+        }
+        return;
+    }
+    /* 3C <= 16 (the fast net's first stage: 4 space-to-depth channels): one 16-column block per
+     * kernel row kh, holding the 3C contiguous input values under (kh, 0..2) and zeros; the
+     * columns of the edge taps are masked off at the image's left and right borders. */
+    const uint32_t row_mask = (1u << (3 * C)) - 1, left = (1u << C) - 1, right = left << (2 * C);
+    cursor c = cursor_at(p0, H, W);
+    for (int64_t pair = 0; pair < KC / 2; pair++) {
+        __m256i v[2][3];
+        for (int i = 0; i < 2; i++) {
+            for (int kh = 0; kh < 3; kh++) {
+                const int64_t yy = c.y + kh - 1;
+                __mmask16 m = c.p < P && yy >= 0 && yy < H ? row_mask : 0;
+                if (c.x == 0) m &= ~left;
+                if (c.x == W - 1) m &= ~right;
+                /* masked-off elements are not read: no fault before the first or past the last pixel */
+                v[i][kh] = _mm256_maskz_loadu_epi16(m, x + (c.p + (kh - 1) * W - 1) * C);
+            }
+            cursor_next(&c, H, W);
+        }
+        const int64_t kb = pair / 16, r = pair % 16;
+        for (int kh = 0; kh < 3; kh++)
+            _mm512_storeu_si512((void *)(bt + ((kh * KB + kb) * 16 + r) * 32), interleave16(v[0][kh], v[1][kh]));
+    }
+}
+
+/* acc (O x NC, fp32) += A . B over the chunk, for A's row blocks in groups of up to 6 (tiles
+ * 0-5 accumulate, 6 holds B, 7 holds A). Tile numbers are immediates, hence the unrolled
+ * blocks. */
+#define DOT(i)                                                                                 \
+    if (MG > i) {                                                                              \
+        _tile_loadd(7, a + ((i * KB + kb) * 16) * 32, 64);                                     \
+        _tile_dpbf16ps(i, 7, 6);                                                               \
+    }
+#define LOAD_C(i) if (MG > i) _tile_loadd(i, c + (i * 16) * NC + nb * 16, NC * 4);
+#define STORE_C(i) if (MG > i) _tile_stored(i, c + (i * 16) * NC + nb * 16, NC * 4);
+
+static void multiply(const uint16_t *at, const uint16_t *bt, float *acc, int64_t MB, int64_t NB) {
+    const int64_t KB = KC / 32, NC = NB * 16;
+    for (int64_t m0 = 0; m0 < MB; m0 += 6) {
+        const int64_t MG = MB - m0 < 6 ? MB - m0 : 6;
+        const uint16_t *a = at + m0 * KB * 512;
+        float *c = acc + m0 * 16 * NC;
+        for (int64_t nb = 0; nb < NB; nb++) {
+            LOAD_C(0) LOAD_C(1) LOAD_C(2) LOAD_C(3) LOAD_C(4) LOAD_C(5)
+            for (int64_t kb = 0; kb < KB; kb++) {
+                _tile_loadd(6, bt + ((nb * KB + kb) * 16) * 32, 64);
+                DOT(0) DOT(1) DOT(2) DOT(3) DOT(4) DOT(5)
+            }
+            STORE_C(0) STORE_C(1) STORE_C(2) STORE_C(3) STORE_C(4) STORE_C(5)
+        }
+    }
+}
+
+static int wgrad(const uint16_t *x, const grad_source *src, float *dw, int64_t N, int64_t H, int64_t W,
+                 int64_t C, int64_t O, int threads) {
+    const int rows = 3 * C <= 16;  /* one column block per kernel row (pack_b) */
+    if (O % 16 || !(rows || C % 16 == 0)) return 2;
+    const int64_t P = N * H * W, MB = O / 16, NB = rows ? 3 : 9 * C / 16, NC = NB * 16;
+    const int64_t chunks = (P + KC - 1) / KC;
+    if (threads < 1) threads = 1;
+    if (threads > chunks) threads = (int)chunks;
+    float *acc = aligned_alloc(64, (size_t)threads * O * NC * sizeof(float));
+    if (!acc) return 1;
+    memset(acc, 0, (size_t)threads * O * NC * sizeof(float));
+    int failed = 0;
+    _Pragma("omp parallel num_threads(threads) reduction(|:failed)")
+    {
+        const int t = omp_get_thread_num(), T = omp_get_num_threads();
+        uint16_t *at = aligned_alloc(64, (size_t)O * KC * sizeof(uint16_t));
+        uint16_t *bt = aligned_alloc(64, (size_t)NC * KC * sizeof(uint16_t));
+        if (!at || !bt) {
+            failed = 1;
+        } else {
+            float *mine = acc + (int64_t)t * O * NC;
+            configure_tiles();
+            for (int64_t ch = chunks * t / T; ch < chunks * (t + 1) / T; ch++) {
+                pack_a(src, at, ch * KC, P, H, W, O);
+                pack_b(x, bt, ch * KC, P, H, W, C);
+                multiply(at, bt, mine, MB, NB);
+            }
+            _tile_release();
+        }
+        free(at);
+        free(bt);
+    }
+    if (!failed)
+        for (int64_t o = 0; o < O; o++)
+            for (int64_t j = 0; j < 9 * C; j++) {  /* j = (kh * 3 + kw) * C + c */
+                const int64_t col = rows ? j / (3 * C) * 16 + j % (3 * C) : j;
+                float s = 0;
+                for (int t = 0; t < threads; t++) s += acc[((int64_t)t * O + o) * NC + col];
+                dw[o * 9 * C + j] = s;
+            }
+    free(acc);
+    return failed;
+}
+
+/* x (N, H, W, C) and g (N, H, W, O) bf16 bits; dw (O, 3, 3, C) fp32. O a multiple of 16; C a
+ * multiple of 16 or at most 5. Returns 0; 1 when out of memory; 2 for other shapes; -1 when
+ * this build has no AMX. */
+int conv3x3_wgrad_bf16(const uint16_t *x, const uint16_t *g, float *dw, int64_t N, int64_t H,
+                       int64_t W, int64_t C, int64_t O, int threads) {
+    const grad_source src = {g, NULL, NULL};
+    return wgrad(x, &src, dw, N, H, W, C, O, threads);
+}
+
+/* The same for a convolution followed by a 2x2 max-pool (ceil mode): gp (N, ceil(H/2),
+ * ceil(W/2), O) is the pool's output gradient and code its winners (the max-pool kernel's). */
+int conv3x3_maxpool_wgrad_bf16(const uint16_t *x, const uint16_t *gp, const uint8_t *code, float *dw,
+                               int64_t N, int64_t H, int64_t W, int64_t C, int64_t O, int threads) {
+    const grad_source src = {NULL, gp, code};
+    return wgrad(x, &src, dw, N, H, W, C, O, threads);
+}
+
+/* ---- the forward of a first layer: y = maxpool2x2(conv3x3(x, w)), 3C <= 16 ------------------
+ * For the fast net's 4 space-to-depth channels oneDNN's convolution wrote a 4.8 MB output per
+ * step that the pool then read back. Here each block of 16 output pixels (8 columns of two
+ * rows, i.e. 4 pooling windows) is one AMX product: A = the pixels' 3 kernel rows of 3C inputs
+ * (one 16-column block per kernel row, zero-padded: K = 48 of 64), B = the weights in VNNI
+ * pairs, C = 16 pixels x 16 channels in fp32; the pool reads C from the L1, rounds to bf16 (as
+ * oneDNN's output does) and keeps the maximum and its winner code (the max-pool kernel's). */
+
+/* The 16 columns of kernel row kh under output pixel (n, y, x): 3C inputs, the edge taps masked. */
+static inline __m256i kernel_row(const uint16_t *x, int64_t n, int64_t y, int64_t xx, int kh,
+                                 int64_t H, int64_t W, int64_t C) {
+    const int64_t yy = y + kh - 1;
+    if (yy < 0 || yy >= H || y >= H || xx >= W) return _mm256_setzero_si256();
+    const uint32_t left = (1u << C) - 1;
+    __mmask16 m = (1u << (3 * C)) - 1;
+    if (xx == 0) m &= ~left;
+    if (xx == W - 1) m &= ~(left << (2 * C));
+    return _mm256_maskz_loadu_epi16(m, x + ((n * H + yy) * W + xx - 1) * C);
+}
+
+int conv3x3_maxpool_forward_bf16(const uint16_t *x, const uint16_t *w, uint16_t *y, uint8_t *code,
+                                 int64_t N, int64_t H, int64_t W, int64_t C, int64_t O, int threads) {
+    if (O % 16 || 3 * C > 16) return 2;
+    const int64_t OB = O / 16, OH = (H + 1) / 2, OW = (W + 1) / 2;
+    const int64_t XB = (W + 7) / 8, blocks = N * OH * XB;  /* 8 columns x 2 rows each */
+    /* B tiles (kt, ob): bw[((kt * OB + ob) * 16 + r) * 32 + 2 j + i] = w[16 ob + j][k], k = 32 kt
+       + 2 r + i = 16 kh + 3 kw... as kernel_row lays them out: column kw * C + c of row kh */
+    uint16_t *bw = aligned_alloc(64, (size_t)2 * OB * 512 * sizeof(uint16_t));
+    if (!bw) return 1;
+    memset(bw, 0, (size_t)2 * OB * 512 * sizeof(uint16_t));
+    for (int64_t o = 0; o < O; o++)
+        for (int64_t c = 0; c < C; c++)
+            for (int kh = 0; kh < 3; kh++)
+                for (int kw = 0; kw < 3; kw++) {
+                    const int64_t k = kh * 16 + kw * C + c, kt = k / 32, r = (k % 32) / 2, i = k % 2;
+                    bw[((kt * OB + o / 16) * 16 + r) * 32 + 2 * (o % 16) + i] = w[((o * C + c) * 3 + kh) * 3 + kw];
+                }
+    _Pragma("omp parallel num_threads(threads)")
+    {
+        _Alignas(64) uint16_t a[2][16][32];
+        _Alignas(64) float out[16][16];
+        configure_tiles();
+        _Pragma("omp for schedule(static)")
+        for (int64_t b = 0; b < blocks; b++) {
+            const int64_t n = b / (OH * XB), oy = b / XB % OH, x0 = b % XB * 8;
+            for (int r = 0; r < 16; r++) {  /* rows 0-7: (2 oy, x0 + r), rows 8-15: the row below */
+                const int64_t yy = 2 * oy + r / 8, xx = x0 + r % 8;
+                const __m256i k0 = kernel_row(x, n, yy, xx, 0, H, W, C);
+                const __m256i k1 = kernel_row(x, n, yy, xx, 1, H, W, C);
+                const __m256i k2 = kernel_row(x, n, yy, xx, 2, H, W, C);
+                _mm512_store_si512((void *)a[0][r], _mm512_inserti64x4(_mm512_castsi256_si512(k0), k1, 1));
+                _mm512_store_si512((void *)a[1][r], _mm512_inserti64x4(_mm512_castsi256_si512(k2),
+                                                                       _mm256_setzero_si256(), 1));
+            }
+            _tile_loadd(2, a[0], 64);
+            _tile_loadd(3, a[1], 64);
+            for (int64_t ob = 0; ob < OB; ob++) {
+                _tile_zero(0);
+                _tile_loadd(4, bw + (0 * OB + ob) * 512, 64);
+                _tile_loadd(5, bw + (1 * OB + ob) * 512, 64);
+                _tile_dpbf16ps(0, 2, 4);
+                _tile_dpbf16ps(0, 3, 5);
+                _tile_stored(0, out, 64);
+                for (int v = 0; v < 4; v++) {  /* window v: pixels 2v, 2v + 1 and the two below */
+                    const int64_t ox = x0 / 2 + v;
+                    if (ox >= OW) break;
+                    const int64_t y0 = 2 * oy, xa = 2 * ox;
+                    const int ok[4] = {1, xa + 1 < W, y0 + 1 < H, y0 + 1 < H && xa + 1 < W};
+                    const int rows[4] = {2 * v, 2 * v + 1, 8 + 2 * v, 9 + 2 * v};
+                    /* round to bf16 and back: the values the two-layer version compares */
+                    __m512 m = _mm512_cvtpbh_ps(_mm512_cvtneps_pbh(_mm512_load_ps(out[rows[0]])));
+                    __m128i win = _mm_setzero_si128();
+                    for (int q = 1; q < 4; q++) {
+                        if (!ok[q]) continue;
+                        const __m512 vq = _mm512_cvtpbh_ps(_mm512_cvtneps_pbh(_mm512_load_ps(out[rows[q]])));
+                        const __mmask16 take = _mm512_cmp_ps_mask(vq, m, _CMP_GT_OQ) | _mm512_cmp_ps_mask(vq, vq, _CMP_UNORD_Q);
+                        m = _mm512_mask_mov_ps(m, take, vq);
+                        win = _mm_mask_mov_epi8(win, take, _mm_set1_epi8((char)q));
+                    }
+                    const int64_t i = ((n * OH + oy) * OW + ox) * O + ob * 16;
+                    _mm256_storeu_si256((__m256i *)(y + i), (__m256i)_mm512_cvtneps_pbh(m));
+                    _mm_storeu_si128((__m128i *)(code + i), win);
+                }
+            }
+        }
+        _tile_release();
+    }
+    free(bw);
+    return 0;
+}
+
+#else
+
+int amx_request(void) { return 1; }
+
+int conv3x3_wgrad_bf16(const uint16_t *x, const uint16_t *g, float *dw, int64_t N, int64_t H,
+                       int64_t W, int64_t C, int64_t O, int threads) {
+    (void)x; (void)g; (void)dw; (void)N; (void)H; (void)W; (void)C; (void)O; (void)threads;
+    return -1;
+}
+
+int conv3x3_maxpool_wgrad_bf16(const uint16_t *x, const uint16_t *gp, const uint8_t *code, float *dw,
+                               int64_t N, int64_t H, int64_t W, int64_t C, int64_t O, int threads) {
+    (void)x; (void)gp; (void)code; (void)dw; (void)N; (void)H; (void)W; (void)C; (void)O; (void)threads;
+    return -1;
+}
+
+int conv3x3_maxpool_forward_bf16(const uint16_t *x, const uint16_t *w, uint16_t *y, uint8_t *code,
+                                 int64_t N, int64_t H, int64_t W, int64_t C, int64_t O, int threads) {
+    (void)x; (void)w; (void)y; (void)code; (void)N; (void)H; (void)W; (void)C; (void)O; (void)threads;
+    return -1;
+}
+
+#endif
