@@ -2,10 +2,10 @@
 
     .venv/bin/python benchmarks/bench_kernels.py [--threads 2] [--rounds 30]
 
-Rows: each kernel (forward + backward where it has one) at the fast net's shapes (batch 256,
-bf16, channels-last), then whole training steps of the `fast` and `seed-cnn` nets (bf16
-autocast, Muon / Adam) with the kernels on and off (``MNISTFLOW_KERNELS=0``, switched in
-process). Everything is measured interleaved, round after round, and each figure is the
+Rows: each kernel (forward + backward where it has one) at the fast net's shapes (batch 384,
+bf16, channels-last; the AMX rows on CPUs with AMX), then whole training steps of the `fast`
+and `seed-cnn` nets (bf16 autocast, Muon / Adam) with the kernels on and off
+(``MNISTFLOW_KERNELS=0``, switched in process). Everything is measured interleaved, round after round, and each figure is the
 median over rounds of the best of 5 calls: this VM's speed drifts by 1.5x over seconds, and
 interleaving puts both sides of a ratio in the same drift.
 """
@@ -26,6 +26,7 @@ import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 CL = torch.channels_last
+B = 384  # the fast recipe's batch
 
 
 def interleaved(fns: dict, rounds: int, reps: int = 5, before: dict | None = None) -> dict:
@@ -64,8 +65,8 @@ def op_pairs() -> list[tuple[str, object, object]]:
 
     pairs = []
     for c, h in ((32, 14), (48, 7), (96, 4)):
-        x = torch.randn(256, c, h, h).bfloat16().contiguous(memory_format=CL)
-        g = torch.randn(256, c, (h + 1) // 2, (h + 1) // 2).bfloat16().contiguous(memory_format=CL)
+        x = torch.randn(B, c, h, h).bfloat16().contiguous(memory_format=CL)
+        g = torch.randn(B, c, (h + 1) // 2, (h + 1) // 2).bfloat16().contiguous(memory_format=CL)
 
         def ref(x=x, g=g):
             a = x.detach().requires_grad_()
@@ -77,7 +78,7 @@ def op_pairs() -> list[tuple[str, object, object]]:
 
         pairs.append((f"max-pool 2x2 {c}x{h}x{h}, fwd+bwd", ref, ker))
     for c, h in ((32, 7), (48, 4), (96, 2)):
-        x = torch.randn(256, c, h, h).bfloat16().contiguous(memory_format=CL)
+        x = torch.randn(B, c, h, h).bfloat16().contiguous(memory_format=CL)
         g = torch.randn_like(x)
         bn, ours = nn.BatchNorm2d(c), BatchNormReLU2d(c)
 
@@ -91,9 +92,39 @@ def op_pairs() -> list[tuple[str, object, object]]:
 
         pairs.append((f"batch norm + ReLU {c}x{h}x{h}, fwd+bwd", ref, ker))
     for c in (48, 96):
-        x = torch.randn(256, c, 4, 4).bfloat16().contiguous(memory_format=CL)
+        x = torch.randn(B, c, 4, 4).bfloat16().contiguous(memory_format=CL)
         pairs.append((f"batch/channel swap {c}x4x4", lambda x=x: x.transpose(0, 1).contiguous(memory_format=CL),
                       lambda x=x: swap_batch_channels(x)))
+    return pairs + amx_pairs()
+
+
+def amx_pairs() -> list[tuple[str, object, object]]:
+    """The AMX weight gradient against oneDNN's, and the first conv + max-pool node against
+    PyTorch's two layers; none without AMX."""
+    from mnistflow import kernels
+    from mnistflow.kernels import wgrad
+
+    if not wgrad.available():
+        print(f"(no AMX rows: {wgrad.reason()})")
+        return []
+    pairs = []
+    for c, o, h in ((4, 32, 14), (32, 48, 7), (48, 96, 4)):
+        x = torch.randn(B, c, h, h).bfloat16().contiguous(memory_format=CL)
+        g = torch.randn(B, o, h, h).bfloat16().contiguous(memory_format=CL)
+        w = torch.randn(o, c, 3, 3).bfloat16().contiguous(memory_format=CL)
+        ref = (lambda x=x, g=g, w=w: torch.ops.aten.convolution_backward(
+            g, x, w, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1, [False, True, False]))
+        pairs.append((f"3x3 weight gradient {c}->{o} {h}x{h} (oneDNN vs AMX)", ref,
+                      lambda x=x, g=g: wgrad._weight_grad(kernels.library(), x, g)))
+    x = torch.randn(B, 4, 14, 14).bfloat16().contiguous(memory_format=CL)
+    w = torch.randn(32, 4, 3, 3, requires_grad=True)
+    gp = torch.randn(B, 32, 7, 7).bfloat16().contiguous(memory_format=CL)
+
+    def ref(x=x, w=w, gp=gp):
+        F.max_pool2d(F.conv2d(x, w.to(torch.bfloat16), padding=1), 2, ceil_mode=True).backward(gp)
+
+    pairs.append(("first conv 4->32 14x14 + max-pool, fwd+bwd (PyTorch vs one node)", ref,
+                  lambda x=x, w=w, gp=gp: wgrad.conv3x3_maxpool(x, w).backward(gp)))
     return pairs
 
 
@@ -105,7 +136,7 @@ def step_fn(name: str, optimizer: str):
     model = create_model(name).to(memory_format=CL)
     opt = build_optimizer(optimizer, model.parameters(), 1e-3 if optimizer == "adam" else 0.5,
                           **({} if optimizer == "adam" else dict(momentum=0.9, nesterov=True)))
-    x = torch.randn(256 if name == "fast" else 128, 1, 28, 28).contiguous(memory_format=CL)
+    x = torch.randn(B if name == "fast" else 128, 1, 28, 28).contiguous(memory_format=CL)
     y = torch.randint(0, 10, (x.shape[0],))
 
     def step():
@@ -139,7 +170,7 @@ def main() -> None:
         steps = {"on": step_fn(net, optimizer), "off": step_fn(net, optimizer)}
         switch = {"on": lambda: _set_kernels(True), "off": lambda: _set_kernels(False)}
         t = interleaved(steps, max(args.rounds // 3, 5), before=switch)
-        rows.append({"op": f"{net} training step ({optimizer}, batch {256 if net == 'fast' else 128})",
+        rows.append({"op": f"{net} training step ({optimizer}, batch {B if net == 'fast' else 128})",
                      "PyTorch ms": t["off"], "kernel ms": t["on"], "ratio": t["on"] / t["off"]})
     _set_kernels(True)
     print(table(rows, ["op", "PyTorch ms", "kernel ms", "ratio"]))
