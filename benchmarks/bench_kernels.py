@@ -114,7 +114,7 @@ def amx_pairs() -> list[tuple[str, object, object]]:
         w = torch.randn(o, c, 3, 3).bfloat16().contiguous(memory_format=CL)
         ref = (lambda x=x, g=g, w=w: torch.ops.aten.convolution_backward(
             g, x, w, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1, [False, True, False]))
-        pairs.append((f"3x3 weight gradient {c}->{o} {h}x{h} (oneDNN vs AMX)", ref,
+        pairs.append((f"weight gradient 3x3 {c}->{o} {h}x{h} (oneDNN vs AMX)", ref,
                       lambda x=x, g=g: wgrad._weight_grad(kernels.library(), x, g)))
     x = torch.randn(B, 4, 14, 14).bfloat16().contiguous(memory_format=CL)
     w = torch.randn(32, 4, 3, 3, requires_grad=True)

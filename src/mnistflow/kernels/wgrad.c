@@ -13,14 +13,20 @@
  *       (VNNI) layout, tiles of 16 pixel pairs x 16 columns of (kh, kw, c);
  * and accumulates C = A . B in fp32 tiles; the threads' sums are added at the end.
  *
- * Built only where the compiler targets AMX (-march=native on a CPU with amx-tile/amx-bf16);
- * elsewhere conv3x3_wgrad_bf16 returns -1 and the caller uses PyTorch's.
+ * For a net's first layer, a convolution followed by a 2x2 max-pool, two more entry points:
+ * the forward of both at once (conv3x3_maxpool_forward_bf16, 3C <= 16), and the weight
+ * gradient from the pool's gradient and winner codes (conv3x3_maxpool_wgrad_bf16), so the
+ * convolution's full-size output and gradient never exist.
+ *
+ * Built only where the compiler targets AMX and AVX-512-BF16 (-march=native on such a CPU);
+ * elsewhere every entry point returns -1 and the caller uses PyTorch's ops.
  */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BW__) && defined(__linux__)
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__) && defined(__AVX512BW__) \
+    && defined(__linux__)
 #include <immintrin.h>
 #include <omp.h>
 #include <sys/syscall.h>
@@ -28,9 +34,7 @@
 
 #define ARCH_REQ_XCOMP_PERM 0x1023
 #define XFEATURE_XTILEDATA 18
-#ifndef KC
-#define KC 512  /* pixels per chunk: a multiple of 32 */
-#endif
+#define KC 512  /* pixels per chunk, a multiple of 32: A and B tiles of a chunk fit in L2 */
 
 typedef struct {
     uint8_t palette_id, start_row, reserved[14];

@@ -70,6 +70,14 @@ def supports(x: torch.Tensor, out_channels: int) -> bool:
             and not torch.jit.is_tracing() and not torch.compiler.is_compiling() and available())
 
 
+def _check(rc: int, kernel: str, x: torch.Tensor, out_channels: int) -> None:
+    """The kernels' return codes: 0 done, 1 out of memory, else a shape they do not take."""
+    if rc == 1:
+        raise MemoryError(f"{kernel} kernel: out of memory")
+    if rc:
+        raise RuntimeError(f"{kernel} kernel: unsupported shape {tuple(x.shape)} -> {out_channels} (code {rc})")
+
+
 def _weight_grad(lib, x: torch.Tensor, g: torch.Tensor, code: torch.Tensor | None = None) -> torch.Tensor:
     """dW (O, C, 3, 3) fp32 from x (N, C, H, W) and the output gradient g; with ``code``, g is
     the gradient of the 2x2 max-pool that follows (N, O, ceil(H/2), ceil(W/2)) and ``code``
@@ -84,9 +92,7 @@ def _weight_grad(lib, x: torch.Tensor, g: torch.Tensor, code: torch.Tensor | Non
     else:
         rc = lib.conv3x3_maxpool_wgrad_bf16(x.data_ptr(), g.data_ptr(), code.data_ptr(), dw.data_ptr(),
                                             n, h, w, c, o, threads())
-    if rc:
-        raise MemoryError("weight-gradient kernel: out of memory") if rc == 1 else \
-            RuntimeError(f"weight-gradient kernel: unsupported shape {tuple(x.shape)} -> {o} (code {rc})")
+    _check(rc, "weight-gradient", x, o)
     return dw.permute(0, 3, 1, 2)
 
 
@@ -101,6 +107,7 @@ class _Conv3x3(torch.autograd.Function):
         return F.conv2d(x, w, padding=1)
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, g: torch.Tensor):
         x, w = ctx.saved_tensors
         g = g.to(x.dtype).contiguous(memory_format=torch.channels_last)
@@ -123,9 +130,7 @@ def _conv_max_pool(lib, x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor,
     w = w.contiguous()  # (O, C, 3, 3)
     rc = lib.conv3x3_maxpool_forward_bf16(x.data_ptr(), w.data_ptr(), y.data_ptr(), code.data_ptr(),
                                           n, h, wd, c, o, threads())
-    if rc:
-        raise MemoryError("conv + max-pool kernel: out of memory") if rc == 1 else \
-            RuntimeError(f"conv + max-pool kernel: unsupported shape {tuple(x.shape)} -> {o} (code {rc})")
+    _check(rc, "conv + max-pool", x, o)
     return y, code
 
 
