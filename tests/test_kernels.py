@@ -266,6 +266,8 @@ def test_conv_max_pool_node_matches_the_two_layers(n, c, o, h, w):
     out = wgrad.conv3x3_maxpool(x, w1)
     ref = F.max_pool2d(F.conv2d(x, w2.to(torch.bfloat16), padding=1), 2, ceil_mode=True)
     assert torch.equal(out, ref)  # the same convolution, and the pool is exact
+    with torch.inference_mode():  # evaluation: the fused forward alone, no codes
+        assert torch.equal(wgrad.conv3x3_maxpool(x, w1), ref)
     g = torch.randn(ref.shape).to(torch.bfloat16)
     out.backward(g)
     ref.backward(g)

@@ -396,7 +396,7 @@ int conv3x3_maxpool_forward_bf16(const uint16_t *x, const uint16_t *w, uint16_t 
                     }
                     const int64_t i = ((n * OH + oy) * OW + ox) * O + ob * 16;
                     _mm256_storeu_si256((__m256i *)(y + i), (__m256i)_mm512_cvtneps_pbh(m));
-                    _mm_storeu_si128((__m128i *)(code + i), win);
+                    if (code) _mm_storeu_si128((__m128i *)(code + i), win);  /* NULL: inference */
                 }
             }
         }

@@ -95,11 +95,11 @@ class FastConv2d(nn.Conv2d):
             return _WeightGradOverBatch.apply(x, w, self.padding[0])
 
     def forward_pooled(self, x: torch.Tensor, pool: MaxPool2x2) -> torch.Tensor:
-        """``pool(self(x))``; for an input that needs no gradient (the first layer), in training,
-        with the AMX kernel: one autograd node whose backward takes the weight gradient
-        straight from the pool's (``kernels.wgrad.conv3x3_maxpool``)."""
-        if (torch.is_grad_enabled() and self.weight.requires_grad and not x.requires_grad
-                and self.kernel_size == (3, 3) and pool.ceil_mode and x.device.type == "cpu"
+        """``pool(self(x))``; for an input that needs no gradient (the first layer), under bf16
+        autocast, with the AMX kernel: one node (``kernels.wgrad.conv3x3_maxpool``) that pools
+        the convolution on the fly and, in training, takes the weight gradient straight from
+        the pool's."""
+        if (not x.requires_grad and self.kernel_size == (3, 3) and pool.ceil_mode and x.device.type == "cpu"
                 and torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
                 and not torch.jit.is_tracing()):
             xb = x.to(torch.bfloat16)
