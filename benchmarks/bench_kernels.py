@@ -135,7 +135,7 @@ def step_fn(name: str, optimizer: str):
     torch.manual_seed(0)
     model = create_model(name).to(memory_format=CL)
     opt = build_optimizer(optimizer, model.parameters(), 1e-3 if optimizer == "adam" else 0.5,
-                          **({} if optimizer == "adam" else dict(momentum=0.9, nesterov=True)))
+                          **({} if optimizer == "adam" else dict(momentum=0.9, nesterov=True, bf16_products=True)))
     x = torch.randn(B if name == "fast" else 128, 1, 28, 28).contiguous(memory_format=CL)
     y = torch.randint(0, 10, (x.shape[0],))
 

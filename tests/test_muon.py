@@ -10,22 +10,35 @@ from mnistflow.optim import Muon, build_optimizer, orthogonalize
 from mnistflow.training import train
 
 
-@pytest.mark.parametrize("shape", [(96, 432), (432, 96), (32, 36), (300, 1152)])
-def test_orthogonalize_keeps_the_directions_and_evens_the_singular_values(shape):
+def _orthogonalizer(impl: str):
+    if impl == "torch":
+        return orthogonalize, False
+    from mnistflow.kernels import muon
+
+    if not muon.available():
+        pytest.skip("the AMX Newton-Schulz kernel needs a CPU with AMX")
+    return (lambda m: muon.newton_schulz([m], 3)[0]), True
+
+
+@pytest.mark.parametrize("impl", ["torch", "amx"])
+@pytest.mark.parametrize("shape", [(96, 432), (432, 96), (32, 36), (300, 1152), (20, 70)])
+def test_orthogonalize_keeps_the_directions_and_evens_the_singular_values(shape, impl):
+    """PyTorch's iteration (optim.orthogonalize) and the AMX kernel (bf16 products) alike."""
+    ortho, bf16 = _orthogonalizer(impl)
     g = torch.Generator().manual_seed(0)
     # a badly conditioned matrix: singular values spread over three decades
     u, _ = torch.linalg.qr(torch.randn(shape[0], min(shape), generator=g))
     v, _ = torch.linalg.qr(torch.randn(shape[1], min(shape), generator=g))
     s = torch.logspace(0, -3, min(shape))
     m = u @ torch.diag(s) @ v.T
-    o = orthogonalize(m)
+    o = ortho(m)
     assert o.shape == m.shape and o.dtype == m.dtype
     o = o.double()
     # in the input's singular basis the output is diagonal, with every value in [0.5, 1.3]
     d = u.double().T @ o @ v.double()
     diag = torch.diagonal(d)
     off = d - torch.diag(diag)
-    assert off.abs().max() < 0.03 * (1 if m.numel() < 1 << 16 else 3)  # bf16 above 65,536 entries
+    assert off.abs().max() < 0.03 * (3 if bf16 or m.numel() >= 1 << 16 else 1)  # bf16 products
     # three steps multiply a small singular value by up to 3.4^3 = 41: anything above ~2% of the
     # Frobenius norm (the scale the iteration starts from) ends in [0.68, 1.2]; the rest grows
     big = diag[s / s.norm() > 0.02]
@@ -84,3 +97,32 @@ def test_muon_resumes_bitwise(mnist_records, tmp_path):
     train(run_dir=str(tmp_path / "b"), epochs=0.05, **common)
     a, b = (load_file(str(tmp_path / r / "model.safetensors")) for r in "ab")
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_muon_step_on_the_amx_kernel_matches_pytorchs_iteration(monkeypatch):
+    """One Muon step of the fast net with bf16 products (the Newton-Schulz kernel) and without
+    (PyTorch's fp32 iteration): the same update up to bf16 products, and identical for the
+    SGD-side parameters."""
+    _orthogonalizer("amx")
+    import mnistflow.optim as optim
+
+    torch.manual_seed(0)
+    models = [create_model("fast") for _ in range(2)]
+    models[1].load_state_dict(models[0].state_dict())
+    before = {n: p.detach().clone() for n, p in models[0].named_parameters()}
+    grads = {n: torch.randn_like(p) for n, p in models[0].named_parameters()}
+    calls = []
+    monkeypatch.setattr(optim, "_amx_muon", lambda: calls.append(1) or True)
+    for model, bf16 in zip(models, (True, False)):
+        opt = build_optimizer("muon", model.parameters(), 0.5, nesterov=True, weight_decay=5e-4, muon_lr=0.1,
+                              bf16_products=bf16)
+        for n, p in model.named_parameters():
+            p.grad = grads[n].clone()
+        opt.step()
+    for (n, a), (_, b) in zip(models[0].named_parameters(), models[1].named_parameters()):
+        da, db = a.detach() - before[n], b.detach() - before[n]
+        if a.ndim >= 2 and n != "head.weight":  # orthogonalized: bf16 products
+            assert (da - db).norm() < 0.03 * db.norm(), n
+        else:
+            assert torch.equal(da, db), n
+    assert len(calls) == 1  # the fp32 optimizer never asked for the kernel

@@ -33,7 +33,7 @@ def diagnose() -> dict:
         "torch_threads": torch.get_num_threads(),
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "(unset)"),
         "native_kernels": kernels.reason(),
-        "amx_weight_grad": wgrad.reason(),
+        "amx_kernels": wgrad.reason(),
         "mnistflow_home": str(home()),
         "mnistflow_data": os.environ.get("MNISTFLOW_DATA", "(unset)"),
         "optional": {"tensorboard": _has("tensorboard"), "onnxruntime": _has("onnxruntime"),
@@ -75,8 +75,8 @@ def diagnose() -> dict:
                     "collapse when another process holds a core")
     if not facts["native_kernels"].startswith(("loaded", "off")):
         recs.append("install a C compiler with OpenMP (Debian: apt-get install gcc) for mnistflow's native "
-                    "CPU kernels (max-pool, batch norm + ReLU, the AMX weight gradient): the fast recipe trained "
-                    "~1.5x faster with them here")
+                    "CPU kernels (max-pool, batch norm + ReLU, and on AMX CPUs the convolutions' weight gradient and "
+                    "Muon's orthogonalization): the fast recipe trains ~1.5x faster with them (BENCHMARKS.md)")
     if not facts["optional"]["tensorboard"]:
         recs.append("pip install tensorboard to get event files")
     if not facts["optional"]["onnxruntime"]:
@@ -107,7 +107,7 @@ def format_report(d: dict) -> str:
     rows += [("CPU", d["cpu"]), ("CPU features", " ".join(d["cpu_features"]) or "-"),
              ("cores / threads", f"{d['cores']} / {d['torch_threads']}"),
              ("OMP_WAIT_POLICY", d["omp_wait_policy"]), ("native kernels", d["native_kernels"]),
-             ("AMX weight gradient", d["amx_weight_grad"]),
+             ("AMX kernels", d["amx_kernels"]),
              ("data", d["mnistflow_data"]), ("cache", d["mnistflow_home"])]
     rows += [(f"  {k}", "installed" if v else "missing") for k, v in d["optional"].items()]
     w = max(len(k) for k, _ in rows)

@@ -14,9 +14,10 @@ _FUSED = {"sgd", "momentum", "adagrad", "adam", "adamw"}  # fused kernels on CPU
 
 def build_optimizer(name: str, params, lr: float, *, momentum: float = 0.9, nesterov: bool = False,
                     weight_decay: float = 0.0, fused: bool = True, muon_lr: float = 0.1,
-                    muon_momentum: float = 0.8) -> torch.optim.Optimizer:
+                    muon_momentum: float = 0.8, bf16_products: bool = False) -> torch.optim.Optimizer:
     """The optimizer called ``name``; ``momentum`` is SGD with momentum (``nesterov`` optional);
-    ``muon`` is :class:`Muon` (``muon_lr``, ``muon_momentum`` for its matrices).
+    ``muon`` is :class:`Muon` (``muon_lr``, ``muon_momentum`` for its matrices;
+    ``bf16_products``: its orthogonalization may multiply in bf16, as a bf16 run does).
 
     Uses PyTorch's fused kernels where they exist: for the tutorial CNN the unfused Adam step
     (sqrt, div, lerp as separate passes over fc1's 3.2M weights) was 45% of a bf16 CPU step;
@@ -41,7 +42,7 @@ def build_optimizer(name: str, params, lr: float, *, momentum: float = 0.9, nest
         return torch.optim.RMSprop(params, lr, momentum=0.0, weight_decay=wd, foreach=True)
     if name == "muon":
         return Muon(params, lr, muon_lr=muon_lr, muon_momentum=muon_momentum, momentum=momentum,
-                    nesterov=nesterov, weight_decay=wd)
+                    nesterov=nesterov, weight_decay=wd, bf16_products=bf16_products)
     raise ValueError(name)  # validated in config
 
 
@@ -79,11 +80,16 @@ class Muon(torch.optim.Optimizer):
     ``muon_lr`` (scaled by the schedule like ``lr``) with ``muon_momentum``; the classifier,
     biases and normalization parameters take SGD at ``lr`` with ``momentum``, ``nesterov`` and
     ``weight_decay`` (which the Muon matrices do not take: their updates have a fixed size).
+
+    ``bf16_products`` (set by training runs in bf16): on CPUs with AMX, the orthogonalization
+    of all the matrices runs in one native kernel call with bf16 products (``kernels.muon``;
+    0.95 -> 0.50 ms per fast-net step, the same accuracy over 64 seeds). Off, it is fp32 and
+    deterministic to fp32 rounding (the data-parallel equivalence tests rely on that).
     """
 
     def __init__(self, params, lr: float, *, muon_lr: float = 0.1, muon_momentum: float = 0.8,
                  momentum: float = 0.9, nesterov: bool = True, weight_decay: float = 0.0,
-                 ns_steps: int = 3):
+                 ns_steps: int = 3, bf16_products: bool = False):
         params = [p for p in params if p.requires_grad]
         matrices = [i for i, p in enumerate(params) if p.ndim >= 2]
         ortho = set(matrices[:-1])  # the last matrix is the classifier
@@ -93,6 +99,7 @@ class Muon(torch.optim.Optimizer):
         super().__init__(groups, dict(lr=lr, muon_scale=muon_lr / lr, momentum=momentum,
                                       muon_momentum=muon_momentum, nesterov=nesterov,
                                       weight_decay=weight_decay, ns_steps=ns_steps))
+        self.bf16_products = bf16_products
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -115,17 +122,35 @@ class Muon(torch.optim.Optimizer):
             lr = group["lr"]
             if muon:
                 lr *= group["muon_scale"]
-                updates = [_orthogonal_update(u, group["ns_steps"]) for u in updates]
+                updates = _orthogonal_updates(updates, group["ns_steps"], self.bf16_products)
             torch._foreach_add_(ps, updates, alpha=-lr)
 
 
-def _orthogonal_update(u: torch.Tensor, steps: int) -> torch.Tensor:
-    """Muon's update for one weight tensor: orthogonalized as (out, fan_in); a tall matrix
+def _orthogonal_updates(us: list[torch.Tensor], steps: int, bf16_products: bool) -> list[torch.Tensor]:
+    """Muon's update for each weight tensor: orthogonalized as (out, fan_in); a tall matrix
     (out > fan_in), whose orthogonal rows cannot all be unit length, is scaled up by
-    sqrt(out / fan_in)."""
-    o = orthogonalize(u.reshape(len(u), -1), steps).view_as(u)
-    fan_in = u[0].numel()
-    return o * (len(u) / fan_in) ** 0.5 if len(u) > fan_in else o
+    sqrt(out / fan_in). With ``bf16_products`` on CPUs with AMX, all of them in one kernel
+    call (``kernels.muon``)."""
+    mats = [u.reshape(len(u), -1) for u in us]
+    if (bf16_products and all(m.device.type == "cpu" and m.dtype == torch.float32 for m in mats)
+            and _amx_muon()):
+        from .kernels.muon import newton_schulz
+
+        outs = newton_schulz(mats, steps)
+    else:
+        outs = [orthogonalize(m, steps) for m in mats]
+    res = []
+    for u, o in zip(us, outs):
+        o = o.reshape(u.shape)
+        fan_in = u[0].numel()
+        res.append(o * (len(u) / fan_in) ** 0.5 if len(u) > fan_in else o)
+    return res
+
+
+def _amx_muon() -> bool:
+    from .kernels import muon
+
+    return muon.available()
 
 
 def _fusable(params) -> bool:

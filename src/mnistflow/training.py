@@ -208,7 +208,8 @@ def _build(cfg: TrainConfig, run_dir: Path, device: torch.device, info: dist.Dis
     _preflight_memory(cfg, rec, model, (c, h, w))
     optimizer = build_optimizer(cfg.optimizer, model.parameters(), cfg.lr, momentum=cfg.momentum,
                                 nesterov=cfg.nesterov, weight_decay=cfg.weight_decay,
-                                muon_lr=cfg.muon_lr, muon_momentum=cfg.muon_momentum)
+                                muon_lr=cfg.muon_lr, muon_momentum=cfg.muon_momentum,
+                                bf16_products=precision == "bf16")
     if info.enabled:  # averages the gradients; broadcasts rank 0's parameters first
         from torch.nn.parallel import DistributedDataParallel
 

@@ -28,8 +28,8 @@ from pathlib import Path
 
 import torch
 
-SOURCES = ("maxpool.c", "bnrelu.c", "layout.c", "wgrad.c")  # compiled
-HEADERS = ("bf16.h", "bnrelu_impl.h")  # included by them
+SOURCES = ("maxpool.c", "bnrelu.c", "layout.c", "wgrad.c", "muon.c")  # compiled
+HEADERS = ("bf16.h", "bnrelu_impl.h", "amx.h")  # included by them
 CFLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11")
 
 _P, _I = ctypes.c_void_p, ctypes.c_int64
@@ -48,6 +48,7 @@ _SIGNATURES = {  # name: (argument types, return type)
     "conv3x3_wgrad_bf16": ([_P, _P, _P, _I, _I, _I, _I, _I, _N], _N),  # 0; 1 no memory; 2 shape; -1 no AMX
     "conv3x3_maxpool_wgrad_bf16": ([_P, _P, _P, _P, _I, _I, _I, _I, _I, _N], _N),
     "conv3x3_maxpool_forward_bf16": ([_P, _P, _P, _P, _I, _I, _I, _I, _I, _N], _N),
+    "newton_schulz_bf16": ([_N, ctypes.POINTER(_P), ctypes.POINTER(_I), ctypes.POINTER(_I), _N, _N], _N),
 }
 
 _state: dict = {"reason": "not loaded yet"}

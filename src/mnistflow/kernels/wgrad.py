@@ -29,7 +29,8 @@ def _off() -> bool:
 
 def available() -> bool:
     """The kernel library is loaded, this CPU and OS run AMX, and the kernel agreed with
-    PyTorch on a small input (checked once per loaded library)."""
+    PyTorch on a small input (checked once per loaded library). ``kernels.muon`` builds on
+    this check; ``reason()`` is the doctor's "AMX kernels" line."""
     off = _off()
     lib = None if off else library()
     if _state.get("key") != (off, id(lib)):
