@@ -20,8 +20,9 @@ RECIPES: dict[str, dict] = {
     # the first convolution initialised by whitening (--whiten), the hidden convolutions trained
     # by Muon (orthogonalized momentum), the rest by Nesterov SGD. Batch 384 (79 steps): a step
     # costs ~3.5 ms whatever its size (Python, oneDNN set-up, Muon), so 384 trains the same
-    # images in 0.85x the time of 256 (interleaved), with rates 1.3x. Seeds 0-31: mean 99.10%
-    # (99.11% at batch 256), 30 of 32 at 99.0% or more, the worst 98.97%. Nesterov SGD alone
+    # images in 0.85x the time of 256 (interleaved), with rates 1.3x. Seeds 0-63 with the AMX
+    # kernels (bf16 Newton-Schulz products): mean 99.08%, 59 of 64 at 99.0% or more, the worst
+    # 98.93% (before them, seeds 0-31: 99.10%, 30 of 32). Nesterov SGD alone
     # needs 0.9 of an epoch. No validation passes inside the timed run: the final test
     # evaluation is the measurement (--validate shows validation curves).
     "fast": dict(model="fast", optimizer="muon", muon_lr=0.13, muon_momentum=0.8, nesterov=True,
