@@ -127,3 +127,13 @@ def test_whiten_runs_in_training_and_is_skipped_on_resume(mnist_records, tmp_pat
     train(recipe="fast", data=mnist_records, run_dir=run, max_steps=8, threads=1, tensorboard=False,
           whiten=True, resume="latest")
     assert "whitened" not in capsys.readouterr().out  # the checkpoint's weights are kept
+
+
+@pytest.mark.parametrize("kernel,dilation,padding,stride", [
+    ((3, 3), (1, 1), (1, 1), (1, 1)), ((5, 5), (1, 1), (2, 2), (1, 1)), ((3, 2), (2, 1), (0, 1), (2, 3))])
+def test_whitening_patches_are_unfolds(kernel, dilation, padding, stride):
+    from mnistflow.models.whiten import patches
+
+    x = torch.randn(3, 4, 11, 9).contiguous(memory_format=torch.channels_last)
+    want = torch.nn.functional.unfold(x, kernel, dilation, padding, stride)
+    assert torch.equal(patches(x, kernel, dilation, padding, stride), want)
