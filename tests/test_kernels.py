@@ -275,3 +275,26 @@ def test_conv_max_pool_node_matches_the_two_layers(n, c, o, h, w):
     assert torch.allclose(w1.grad, w2.grad, rtol=1e-2, atol=1e-2 * w2.grad.abs().max().item())
     with pytest.raises(ValueError, match="must not need a gradient"):
         wgrad.conv3x3_maxpool(x.float().requires_grad_().to(torch.bfloat16), w1)
+
+
+def test_without_amx_the_fast_net_trains_on_pytorchs_gradients(monkeypatch):
+    """A CPU (or OS, or compiler) without AMX: the doctor's reason says so, and a bf16 step of the
+    fast net takes oneDNN's gradients and PyTorch's Newton-Schulz, with the same gradients."""
+    from mnistflow.kernels import muon, wgrad
+
+    lib = kernels.library()
+    assert lib is not None, kernels.reason()
+    torch.manual_seed(0)
+    model = create_model("fast").to(memory_format=CL)
+    x = torch.randn(64, 1, 28, 28).contiguous(memory_format=CL)
+    y = torch.randint(0, 10, (64,))
+    amx = _fast_step(copy.deepcopy(model), x, y, bf16=True)
+    monkeypatch.setattr(lib, "amx_request", lambda: 1)
+    monkeypatch.setattr(wgrad, "_state", {})
+    monkeypatch.setattr(muon, "_state", {})
+    assert not wgrad.available() and not muon.available()
+    assert wgrad.reason() == "unavailable: no AMX (this CPU, the OS or the compiler)"
+    plain = _fast_step(copy.deepcopy(model), x, y, bf16=True)
+    for name, g in plain.items():
+        scale = g.abs().max().item()
+        assert torch.isfinite(g).all() and torch.allclose(amx[name], g, rtol=0.05, atol=0.05 * scale), name

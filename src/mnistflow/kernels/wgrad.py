@@ -40,7 +40,7 @@ def available() -> bool:
         elif lib is None:
             _state["reason"] = "native kernels not loaded"
         elif lib.amx_request() != 0:
-            _state["reason"] = "no AMX on this CPU (or the OS does not grant it)"
+            _state["reason"] = "unavailable: no AMX (this CPU, the OS or the compiler)"
         else:
             try:
                 with torch.inference_mode(False), torch.enable_grad(), torch.autocast("cpu", enabled=False):
