@@ -158,7 +158,7 @@ class FastNet(nn.Module):
         if self.s2d:
             x = space_to_depth(x)  # (N, C, H, W) -> (N, 4C, H/2, W/2)
         conv, pool = self.features[0], self.features[1]
-        x = conv.forward_pooled(x, pool)  # the first conv and its pool: one node in training
+        x = conv.forward_pooled(x, pool)  # the first conv and its pool (one node under bf16 autocast)
         for i in range(2, len(self.features)):
             x = self.features[i](x)
         if not torch.jit.is_tracing() and x.shape[-2:] == (2, 2):  # MNIST, CIFAR: the max-pool kernel
