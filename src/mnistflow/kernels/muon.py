@@ -14,32 +14,17 @@ import torch
 
 from . import library, threads, wgrad
 
-_state: dict = {}
-
-
 def available() -> bool:
-    """AMX is usable (``wgrad.available``) and this kernel agreed with ``optim.orthogonalize``
-    on a few matrices (checked once per loaded library)."""
-    ok = wgrad.available()
-    key = id(library()) if ok else None
-    if _state.get("key") != key or "ok" not in _state:
-        if ok:
-            try:
-                with torch.inference_mode(False), torch.no_grad():
-                    self_check()
-            except Exception as e:  # a wrong result: PyTorch's iteration, said once
-                from ..runtime import warn
-                warn(f"the AMX Newton-Schulz kernel is unavailable: {e}; using PyTorch's (slower)")
-                ok = False
-        _state.update(key=key, ok=ok)
-    return _state["ok"]
+    """AMX is usable and this kernel passed its check (both in ``wgrad.available``)."""
+    return wgrad.available()
 
 
 def newton_schulz(mats: list[torch.Tensor], steps: int) -> list[torch.Tensor]:
     """Each 2-D fp32 CPU tensor normalized to Frobenius norm 1, then ``steps`` quintic
     Newton-Schulz steps, as ``optim.orthogonalize`` does, in one kernel call; new tensors.
     The caller checks ``available``."""
-    work = [(m.T if m.shape[0] > m.shape[1] else m).contiguous().clone() for m in mats]  # rows <= cols
+    # rows <= cols; a contiguous copy of each (the kernel works in place)
+    work = [(m.T if m.shape[0] > m.shape[1] else m).clone(memory_format=torch.contiguous_format) for m in mats]
     n = len(work)
     ptrs = (ctypes.c_void_p * n)(*[w.data_ptr() for w in work])
     rows = (ctypes.c_int64 * n)(*[w.shape[0] for w in work])

@@ -28,9 +28,9 @@ def _off() -> bool:
 
 
 def available() -> bool:
-    """The kernel library is loaded, this CPU and OS run AMX, and the kernel agreed with
-    PyTorch on a small input (checked once per loaded library). ``kernels.muon`` builds on
-    this check; ``reason()`` is the doctor's "AMX kernels" line."""
+    """The kernel library is loaded, this CPU and OS run AMX, and the AMX kernels (these and
+    ``kernels.muon``'s) agreed with PyTorch on small inputs (checked once per loaded library);
+    ``reason()`` is the doctor's "AMX kernels" line."""
     off = _off()
     lib = None if off else library()
     if _state.get("key") != (off, id(lib)):
@@ -43,14 +43,17 @@ def available() -> bool:
             _state["reason"] = "unavailable: no AMX (this CPU, the OS or the compiler)"
         else:
             try:
+                from . import muon
+
                 with torch.inference_mode(False), torch.enable_grad(), torch.autocast("cpu", enabled=False):
                     self_check(lib)
+                    muon.self_check()
                 ok = True
                 _state["reason"] = "loaded"
-            except Exception as e:  # a wrong result or a failed call: PyTorch's gradient, said once
+            except Exception as e:  # a wrong result or a failed call: PyTorch's ops, said once
                 from ..runtime import warn
                 _state["reason"] = f"unavailable: {e}"
-                warn(f"the AMX weight-gradient kernel is {_state['reason']}; using PyTorch's (slower)")
+                warn(f"the AMX kernels are {_state['reason']}; using PyTorch's ops (slower)")
         _state.update(key=(off, id(lib)), ok=ok)
     return _state["ok"]
 

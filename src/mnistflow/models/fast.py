@@ -79,17 +79,15 @@ class FastConv2d(nn.Conv2d):
         if (torch.jit.is_tracing() or x.device.type != "cpu" or not torch.is_grad_enabled()
                 or not self.weight.requires_grad):
             return super().forward(x)
-        autocast = torch.is_autocast_enabled("cpu")
-        dt = torch.get_autocast_dtype("cpu") if autocast else x.dtype
-        if autocast and dt == torch.bfloat16 and self.kernel_size == (3, 3):
-            xb = x.to(dt)  # what autocast would cast
-            if wgrad.supports(xb, self.out_channels):
-                with torch.autocast("cpu", enabled=False):
-                    return wgrad.conv3x3(xb, self.weight)  # fp32 weight in, fp32 gradient out
+        xb = self._amx_input(x)
+        if xb is not None:
+            with torch.autocast("cpu", enabled=False):
+                return wgrad.conv3x3(xb, self.weight)  # fp32 weight in, fp32 gradient out
         if x.shape[-1] * x.shape[-2] > 16:
             return super().forward(x)
         w = self.weight
-        if autocast:  # autocast's own casts (its grad flows back to fp32)
+        if torch.is_autocast_enabled("cpu"):  # autocast's own casts (its grad flows back to fp32)
+            dt = torch.get_autocast_dtype("cpu")
             x, w = x.to(dt), w.to(dt)
         with torch.autocast("cpu", enabled=False):
             return _WeightGradOverBatch.apply(x, w, self.padding[0])
@@ -99,14 +97,20 @@ class FastConv2d(nn.Conv2d):
         autocast, with the AMX kernel: one node (``kernels.wgrad.conv3x3_maxpool``) that pools
         the convolution on the fly and, in training, takes the weight gradient straight from
         the pool's."""
-        if (not x.requires_grad and self.kernel_size == (3, 3) and pool.ceil_mode and x.device.type == "cpu"
-                and torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
-                and not torch.jit.is_tracing()):
-            xb = x.to(torch.bfloat16)
-            if wgrad.supports(xb, self.out_channels):
-                with torch.autocast("cpu", enabled=False):
-                    return wgrad.conv3x3_maxpool(xb, self.weight)
+        xb = self._amx_input(x) if not x.requires_grad and pool.ceil_mode else None
+        if xb is not None:
+            with torch.autocast("cpu", enabled=False):
+                return wgrad.conv3x3_maxpool(xb, self.weight)
         return pool(self(x))
+
+    def _amx_input(self, x: torch.Tensor) -> torch.Tensor | None:
+        """``x`` cast to bf16 (as autocast would) when this 3x3 convolution can take the AMX
+        kernels: on a CPU, under bf16 autocast, outside tracing, a shape they take; else None."""
+        if (self.kernel_size != (3, 3) or x.device.type != "cpu" or torch.jit.is_tracing()
+                or not torch.is_autocast_enabled("cpu") or torch.get_autocast_dtype("cpu") != torch.bfloat16):
+            return None
+        xb = x.to(torch.bfloat16)
+        return xb if wgrad.supports(xb, self.out_channels) else None
 
 
 _WORD = {1: torch.int16, 2: torch.int32, 4: torch.int64}  # the integer twice an element's size
