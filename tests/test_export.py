@@ -102,8 +102,8 @@ def test_npz_export_subset_and_restore_by_name_with_reports(trained, mnist_recor
     assert torch.equal(fresh.head.weight, init["head.weight"])
     # mismatches are reported by name, not raised from deep inside torch
     rep = load_npz_into(create_model("fast", (1, 28, 28), 5), tmp_path / "full.npz")
-    assert rep.mismatched == [("head.weight", (10, 96), (5, 96))] and len(rep.loaded) == 18
-    assert "head.weight (file 10x96, model 5x96)" in rep.format()
+    assert rep.mismatched == [("head.weight", (10, 192), (5, 192))] and len(rep.loaded) == 18
+    assert "head.weight (file 10x192, model 5x192)" in rep.format()
     rep = load_npz_into(create_model("conv3x3x24-bn-relu,fc10"), tmp_path / "full.npz")
     assert "conv1.weight" in rep.missing and "features.0.weight" in rep.unexpected and not rep.loaded
     # train --init-from: restore the convolutions by name, then fine-tune

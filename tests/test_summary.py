@@ -59,12 +59,12 @@ def test_batch_norm_buffers_are_non_trainable_and_frozen_params_are_flagged():
         p.requires_grad_(False)
     t = totals(model)
     assert t["frozen"] == 32 * 4 * 3 * 3  # the first conv sees 4 channels (space-to-depth)
-    assert t["buffers"] == 2 * (32 + 48 + 96) + 3  # running mean/var + num_batches_tracked
+    assert t["buffers"] == 2 * (32 + 48 + 192) + 3  # running mean/var + num_batches_tracked
     rows = {r.name: r for r in layer_table(model, (1, 28, 28))}
-    # stages: conv, pool, batch norm + ReLU (features.0-2, 3-5, 6-8)
+    # stages: conv, pool, batch norm + ReLU (features.0-2, 3-5); VALID conv, batch norm + ReLU (6-7)
     assert rows["features.0"].trainable == "no" and rows["features.3"].trainable == "yes"
     assert rows["features.4"].shape == (48, 4, 4)  # ceil-mode pool: 7 -> 4 (input 14x14 after space-to-depth)
-    assert rows["features.8"].shape == (96, 2, 2)
+    assert rows["features.6"].shape == (192, 2, 2)  # VALID 3x3: 4 -> 2
     text = summarize(model, variables=True)
     assert "features.0.weight" not in text.split("trainable variables")[1]  # frozen: not listed
     assert "head.weight" in text

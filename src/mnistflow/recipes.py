@@ -26,7 +26,7 @@ RECIPES: dict[str, dict] = {
     # needs 0.9 of an epoch. No validation passes inside the timed run: the final test
     # evaluation is the measurement (--validate shows validation curves).
     "fast": dict(model="fast", optimizer="muon", muon_lr=0.13, muon_momentum=0.8, nesterov=True,
-                 lr=1.3, momentum=0.9, weight_decay=5e-4, batch_size=384, epochs=0.55,
+                 lr=1.3, momentum=0.9, weight_decay=5e-4, batch_size=384, epochs=0.45,
                  schedule="onecycle", warmup=0.3, label_smoothing=0.1, channels_last=True,
                  drop_last=True, log_every=50, eval_batch_size=2000, validate=False, whiten=True),
     # The most accurate: the wide fast net with on-device shifts and rotations, trained on all

@@ -44,6 +44,7 @@ _SIGNATURES = {  # name: (argument types, return type)
     "bnrelu_forward_bf16": _BN_FORWARD, "bnrelu_forward_f32": _BN_FORWARD,
     "bnrelu_backward_bf16": _BN_BACKWARD, "bnrelu_backward_f32": _BN_BACKWARD,
     "swap_nc_u16": ([_P, _P, _I, _I, _I, _N], None), "swap_nc_u32": ([_P, _P, _I, _I, _I, _N], None),
+    "col2im_bf16": ([_P, _P, _I, _I, _I, _I, _I, _N], None), "col2im_f32": ([_P, _P, _I, _I, _I, _I, _I, _N], None),
     "amx_request": ([], _N),  # 0: this process may use AMX tiles
     "conv3x3_wgrad_bf16": ([_P, _P, _P, _I, _I, _I, _I, _I, _N], _N),  # 0; 1 no memory; 2 shape; -1 no AMX
     "conv3x3_maxpool_wgrad_bf16": ([_P, _P, _P, _P, _I, _I, _I, _I, _I, _N], _N),

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from ..kernels import wgrad
 from ..kernels.layout import swap_batch_channels
 from .layers import BatchNormReLU2d, MaxPool2x2
+from .patch_conv import PatchConv2d
 from .registry import register_model
 
 
@@ -143,15 +144,27 @@ def space_to_depth(x: torch.Tensor) -> torch.Tensor:
 
 
 class FastNet(nn.Module):
+    """Conv-pool-BN-ReLU stages on a space-to-depth input, global max pool, scaled head.
+
+    ``valid_last``: the last stage is a VALID 3x3 convolution without a pool (``PatchConv2d``;
+    on MNIST 4x4 -> 2x2, the map the pool would have given), when its input map is at least
+    3x3; else a stage like the others.
+    """
+
     def __init__(self, in_shape=(1, 28, 28), num_classes: int = 10, widths=(32, 48, 96),
-                 head_scale: float = 1 / 8):
+                 head_scale: float = 1 / 8, valid_last: bool = False):
         super().__init__()
         c, h, w = in_shape
         self.s2d = h % 2 == 0 and w % 2 == 0
         ch = c * 4 if self.s2d else c
+        h, w = (h // 2, w // 2) if self.s2d else (h, w)
         layers = []
-        for width in widths:
-            layers += [FastConv2d(ch, width, 3), MaxPool2x2(ceil_mode=True), BatchNormReLU2d(width)]
+        for i, width in enumerate(widths):
+            if valid_last and i == len(widths) - 1 and min(h, w) >= 3:
+                layers += [PatchConv2d(ch, width, 3), BatchNormReLU2d(width)]
+            else:
+                layers += [FastConv2d(ch, width, 3), MaxPool2x2(ceil_mode=True), BatchNormReLU2d(width)]
+                h, w = -(-h // 2), -(-w // 2)
             ch = width
         self.features = nn.Sequential(*layers)
         self.last_pool = MaxPool2x2()
@@ -173,9 +186,10 @@ class FastNet(nn.Module):
 
 
 @register_model
-def fast(in_shape=(1, 28, 28), num_classes: int = 10, widths=(32, 48, 96)) -> nn.Module:
-    """Space-to-depth, three conv-pool-BN-ReLU stages (32/48/96), global max pool, scaled head."""
-    return FastNet(tuple(in_shape), num_classes, tuple(widths))
+def fast(in_shape=(1, 28, 28), num_classes: int = 10, widths=(32, 48, 192)) -> nn.Module:
+    """Space-to-depth, two conv-pool-BN-ReLU stages (32/48), a VALID conv-BN-ReLU (192), global
+    max pool, scaled head."""
+    return FastNet(tuple(in_shape), num_classes, tuple(widths), valid_last=True)
 
 
 @register_model
