@@ -97,6 +97,7 @@ static int newton_schulz(float *x, int64_t rows, int64_t cols, int steps) {
     TAKE(uint16_t, bt, BT)
 #undef TAKE
     double norm = 0;
+    _Pragma("omp simd reduction(+:norm)")  /* in vector lanes: a serial chain of double adds */
     for (int64_t i = 0; i < rows * cols; i++) norm += (double)x[i] * x[i];
     const float scale = (float)(1.0 / (sqrt(norm) + 1e-7));
     for (int64_t i = 0; i < rows * cols; i++) x[i] *= scale;
