@@ -13,6 +13,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from mnistflow import kernels
+from mnistflow.kernels import bnrelu as kernel_bnrelu
 from mnistflow.kernels.layout import swap_batch_channels
 from mnistflow.models import create_model
 from mnistflow.models.layers import BatchNormReLU2d, MaxPool2x2
@@ -85,7 +86,7 @@ def _bn_pair(c, **kw):
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
 @pytest.mark.parametrize("shape", [(8, 37, 5, 3), (256, 32, 7, 7), (64, 96, 2, 2)])
-def test_batch_norm_relu_kernel_matches_pytorch(shape, dtype, tol):
+def test_batch_norm_relu_kernel_matches_pytorch(shape, dtype, tol, monkeypatch):
     ref, ours = _bn_pair(shape[1])
     x = (torch.randn(shape) * 3 + 1).to(dtype).contiguous(memory_format=CL)
     g = torch.randn(shape).to(dtype).contiguous(memory_format=CL)
@@ -106,13 +107,23 @@ def test_batch_norm_relu_kernel_matches_pytorch(shape, dtype, tol):
     assert torch.allclose(ours.running_mean, ref.running_mean, rtol=1e-4, atol=1e-5)
     assert torch.allclose(ours.running_var, ref.running_var, rtol=1e-4, atol=1e-5)
     assert ours.num_batches_tracked.item() == ref.num_batches_tracked.item() == 2
-    ours.eval(), ref.eval()  # evaluation: PyTorch's own batch norm on the running statistics
-    with torch.no_grad():
-        assert close(ours(x), F.relu(ref(x)))  # (the running statistics differ in rounding)
+    ours.eval(), ref.eval()  # evaluation on the running statistics
+    ours.load_state_dict(ref.state_dict())  # (they differed in rounding)
+    calls = _count_eval_kernel_calls(monkeypatch)
+    with torch.no_grad():  # without autograd: the one-pass kernel
+        assert close(ours(x), F.relu(ref(x))) and calls == [1]
+    assert close(ours(x), F.relu(ref(x))) and calls == [1]  # with it: PyTorch's (the kernel has no backward)
+
+
+def _count_eval_kernel_calls(monkeypatch) -> list:
+    calls = []
+    real = kernel_bnrelu.batch_norm_relu_eval
+    monkeypatch.setattr(kernel_bnrelu, "batch_norm_relu_eval", lambda *a: calls.append(1) or real(*a))
+    return calls
 
 
 @pytest.mark.parametrize("kw", [dict(affine=False), dict(track_running_stats=False), dict(momentum=None)])
-def test_batch_norm_relu_variants(kw):
+def test_batch_norm_relu_variants(kw, monkeypatch):
     ref, ours = _bn_pair(24, **kw)
     x = torch.randn(16, 24, 4, 4).contiguous(memory_format=CL)
     for _ in range(3):
@@ -121,6 +132,11 @@ def test_batch_norm_relu_variants(kw):
     assert type(got.grad_fn).__name__ == "_BatchNormReLUBackward" or not got.requires_grad
     if ref.track_running_stats:
         assert torch.allclose(ours.running_var, ref.running_var, atol=1e-5)
+    ours.eval(), ref.eval()
+    calls = _count_eval_kernel_calls(monkeypatch)
+    with torch.inference_mode():  # no running statistics: batch statistics, PyTorch's path
+        assert torch.allclose(ours(x), F.relu(ref(x)), atol=1e-5)
+    assert len(calls) == int(ref.track_running_stats)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.int16])

@@ -43,6 +43,7 @@ _SIGNATURES = {  # name: (argument types, return type)
     "maxpool2x2_backward_u16": _POOL_BACKWARD, "maxpool2x2_backward_u32": _POOL_BACKWARD,
     "bnrelu_forward_bf16": _BN_FORWARD, "bnrelu_forward_f32": _BN_FORWARD,
     "bnrelu_backward_bf16": _BN_BACKWARD, "bnrelu_backward_f32": _BN_BACKWARD,
+    "bnrelu_eval_bf16": ([_P, _P, _P, _P, _I, _I, _N], None), "bnrelu_eval_f32": ([_P, _P, _P, _P, _I, _I, _N], None),
     "swap_nc_u16": ([_P, _P, _I, _I, _I, _N], None), "swap_nc_u32": ([_P, _P, _I, _I, _I, _N], None),
     "col2im_bf16": ([_P, _P, _I, _I, _I, _I, _I, _N], None), "col2im_f32": ([_P, _P, _I, _I, _I, _I, _I, _N], None),
     "amx_request": ([], _N),  # 0: this process may use AMX tiles

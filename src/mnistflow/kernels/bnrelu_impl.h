@@ -155,6 +155,20 @@ int FN(bnrelu_backward_)(const T *g, const T *y, const T *x, const float *weight
     return 0;
 }
 
+/* Inference: y = relu(x * scale + shift), the caller's per-channel scale and shift (from the
+   running statistics): one pass, where PyTorch's batch norm and ReLU take two. */
+void FN(bnrelu_eval_)(const T *x, T *y, const float *scale, const float *shift, int64_t M, int64_t C,
+                      int threads) {
+    #pragma omp parallel for num_threads(threads < 1 ? 1 : threads) schedule(static)
+    for (int64_t r = 0; r < M; r++) {
+        const T *xr = x + r * C;
+        T *yr = y + r * C;
+        int64_t k = 0;
+        for (; k + BLOCK <= C; k += BLOCK) FN(fwd_apply_)(xr + k, yr + k, scale + k, shift + k, BLOCK);
+        FN(fwd_apply_)(xr + k, yr + k, scale + k, shift + k, C - k);
+    }
+}
+
 #undef FN
 #undef CAT
 #undef CAT2
