@@ -5,7 +5,8 @@
 Rows: each kernel (forward + backward where it has one) at the fast net's shapes (batch 384,
 bf16, channels-last; the AMX rows on CPUs with AMX), then whole training steps of the `fast`
 and `seed-cnn` nets (bf16 autocast, Muon / Adam) with the kernels on and off
-(``MNISTFLOW_KERNELS=0``, switched in process). Everything is measured interleaved, round after round, and each figure is the
+(``MNISTFLOW_KERNELS=0``, switched in process), and a `fast` step with the last stage before
+and after it became a VALID convolution (the "PyTorch" column is then the old net). Everything is measured interleaved, round after round, and each figure is the
 median over rounds of the best of 5 calls: this VM's speed drifts by 1.5x over seconds, and
 interleaving puts both sides of a ratio in the same drift.
 """
@@ -91,6 +92,15 @@ def op_pairs() -> list[tuple[str, object, object]]:
             ours(a).backward(g)
 
         pairs.append((f"batch norm + ReLU {c}x{h}x{h}, fwd+bwd", ref, ker))
+    x = torch.randn(2000, 32, 7, 7).bfloat16().contiguous(memory_format=CL)  # a test-pass batch
+    bn, ours = nn.BatchNorm2d(32).eval(), BatchNormReLU2d(32).eval()
+    pairs.append(("batch norm + ReLU 32x7x7, inference, batch 2000",
+                  lambda x=x, bn=bn: torch.no_grad()(lambda: F.relu(bn(x), inplace=True))(),
+                  lambda x=x, ours=ours: torch.no_grad()(ours)(x)))
+    from mnistflow.kernels.layout import _col2im_torch, col2im
+    gc = torch.randn(B, 2, 2, 3, 3, 48).bfloat16()  # the fast net's last stage: 4x4 -> 2x2
+    pairs.append(("col2im 3x3 windows of 48x4x4 (strided adds vs kernel)",
+                  lambda gc=gc: _col2im_torch(gc, 4, 4, 3), lambda gc=gc: col2im(gc, 4, 4, 3)))
     for c in (48, 96):
         x = torch.randn(B, c, 4, 4).bfloat16().contiguous(memory_format=CL)
         pairs.append((f"batch/channel swap {c}x4x4", lambda x=x: x.transpose(0, 1).contiguous(memory_format=CL),
@@ -128,12 +138,14 @@ def amx_pairs() -> list[tuple[str, object, object]]:
     return pairs
 
 
-def step_fn(name: str, optimizer: str):
+def step_fn(name: str, optimizer: str, widths: tuple | None = None):
+    """A training step of a registered net (or of the fast net at ``widths``, all stages SAME)."""
     from mnistflow.models import create_model
+    from mnistflow.models.fast import FastNet
     from mnistflow.optim import build_optimizer
 
     torch.manual_seed(0)
-    model = create_model(name).to(memory_format=CL)
+    model = (FastNet((1, 28, 28), 10, widths) if widths else create_model(name)).to(memory_format=CL)
     opt = build_optimizer(optimizer, model.parameters(), 1e-3 if optimizer == "adam" else 0.5,
                           **({} if optimizer == "adam" else dict(momentum=0.9, nesterov=True, bf16_products=True)))
     x = torch.randn(B if name == "fast" else 128, 1, 28, 28).contiguous(memory_format=CL)
@@ -173,6 +185,10 @@ def main() -> None:
         rows.append({"op": f"{net} training step ({optimizer}, batch {B if net == 'fast' else 128})",
                      "PyTorch ms": t["off"], "kernel ms": t["on"], "ratio": t["on"] / t["off"]})
     _set_kernels(True)
+    t = interleaved({"same": step_fn("fast", "muon", (32, 48, 96)), "valid": step_fn("fast", "muon")},
+                    max(args.rounds // 3, 5))
+    rows.append({"op": "fast training step: last stage SAME 96 + pool (before) vs VALID 192 (now)",
+                 "PyTorch ms": t["same"], "kernel ms": t["valid"], "ratio": t["valid"] / t["same"]})
     print(table(rows, ["op", "PyTorch ms", "kernel ms", "ratio"]))
 
 

@@ -6,6 +6,11 @@
   elementwise work (in the first version, conv-BN-ReLU-pool at 28x28, batch norm's backward
   alone was 22% of a step; here convolutions dominate, as they should).
 * Max-pool over strided convs: oneDNN's strided convolution backward was 2x slower here.
+* The last stage (``fast``) is a VALID 3x3 convolution to 192 channels, without a pool: on
+  MNIST it maps the 4x4 map straight to the 2x2 the pool gave, runs as one matrix product
+  (``PatchConv2d``; oneDNN ran the 4x4 SAME convolution at ~190 GMAC/s), and with twice the
+  channels reaches in 0.45 epoch the accuracy the 96-channel SAME stage reached in 0.55
+  (seeds 0-63: mean 99.10% vs 99.08%). ``fast-wide`` keeps the SAME stage.
 * Global max pool and a scaled linear head (as in the airbench recipes) for large learning rates.
 * 32 channels in the first stage, not 24: the same step time (32 fills the bf16 vectors of the
   channels-last batch norm and pooling kernels; 24 left them on slower paths) and a better
