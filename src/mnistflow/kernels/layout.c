@@ -1,10 +1,14 @@
-/* Swapping the batch and channel axes of a channels-last tensor: (N, H, W, C) memory to
+/* Layout kernels.
+ *
+ * Swapping the batch and channel axes of a channels-last tensor: (N, H, W, C) memory to
  * (C, H, W, N) memory, i.e. x.transpose(0, 1).contiguous(memory_format=channels_last).
  * The fast net's tiny-map weight gradient needs both its input and its output gradient in
  * that form every step; PyTorch's copy kernel took 0.15-0.25 ms each at 4x4 maps.
  * Elements are moved as 2- or 4-byte words (no arithmetic); blocks of 16 x 16 keep the
  * strided side of the copy within a few cache lines. */
 #include <stdint.h>
+
+#include "bf16.h"
 
 #define TILE 16
 
@@ -28,28 +32,27 @@ SWAP(swap_nc_u32, uint32_t)
  * hold pixel (y, x) of gc[n, i, j, y - i, x - j]. One pass writing each element once, sums in
  * fp32 (PyTorch's zero fill plus one strided add per window took 0.5 ms on the fast net's
  * 384 x 4 x 4 x 48 map, longer than the matrix product that made gc). */
-#include "bf16.h"
-#define COL2IM(NAME, T, LOAD, STORE)                                                           \
-void NAME(const T *restrict gc, T *restrict gx, int64_t N, int64_t H, int64_t W, int64_t C, int64_t K,         \
-          int threads) {                                                                       \
-    const int64_t OH = H - K + 1, OW = W - K + 1;                                              \
-    _Pragma("omp parallel for num_threads(threads) schedule(static)")                          \
-    for (int64_t n = 0; n < N; n++) {                                                          \
-        float acc[C];                                                                          \
-        for (int64_t y = 0; y < H; y++)                                                        \
-            for (int64_t x = 0; x < W; x++) {                                                  \
-                _Pragma("omp simd") for (int64_t c = 0; c < C; c++) acc[c] = 0.f;                                \
-                int64_t i0 = y - K + 1 > 0 ? y - K + 1 : 0, i1 = y < OH - 1 ? y : OH - 1;      \
-                int64_t j0 = x - K + 1 > 0 ? x - K + 1 : 0, j1 = x < OW - 1 ? x : OW - 1;      \
-                for (int64_t i = i0; i <= i1; i++)                                             \
-                    for (int64_t j = j0; j <= j1; j++) {                                       \
+#define COL2IM(NAME, T, LOAD, STORE)                                                                            \
+void NAME(const T *restrict gc, T *restrict gx, int64_t N, int64_t H, int64_t W, int64_t C, int64_t K,          \
+          int threads) {                                                                                        \
+    const int64_t OH = H - K + 1, OW = W - K + 1;                                                               \
+    _Pragma("omp parallel for num_threads(threads) schedule(static)")                                           \
+    for (int64_t n = 0; n < N; n++) {                                                                           \
+        float acc[C];                                                                                           \
+        for (int64_t y = 0; y < H; y++)                                                                         \
+            for (int64_t x = 0; x < W; x++) {                                                                   \
+                _Pragma("omp simd") for (int64_t c = 0; c < C; c++) acc[c] = 0.f;                               \
+                int64_t i0 = y - K + 1 > 0 ? y - K + 1 : 0, i1 = y < OH - 1 ? y : OH - 1;                       \
+                int64_t j0 = x - K + 1 > 0 ? x - K + 1 : 0, j1 = x < OW - 1 ? x : OW - 1;                       \
+                for (int64_t i = i0; i <= i1; i++)                                                              \
+                    for (int64_t j = j0; j <= j1; j++) {                                                        \
                         const T *restrict s = gc + ((((n * OH + i) * OW + j) * K + (y - i)) * K + (x - j)) * C; \
-                        _Pragma("omp simd") for (int64_t c = 0; c < C; c++) acc[c] += LOAD(s[c]);                \
-                    }                                                                          \
-                T *restrict d = gx + ((n * H + y) * W + x) * C;                                       \
-                _Pragma("omp simd") for (int64_t c = 0; c < C; c++) d[c] = STORE(acc[c]);                        \
-            }                                                                                  \
-    }                                                                                          \
+                        _Pragma("omp simd") for (int64_t c = 0; c < C; c++) acc[c] += LOAD(s[c]);               \
+                    }                                                                                           \
+                T *restrict d = gx + ((n * H + y) * W + x) * C;                                                 \
+                _Pragma("omp simd") for (int64_t c = 0; c < C; c++) d[c] = STORE(acc[c]);                       \
+            }                                                                                                   \
+    }                                                                                                           \
 }
 COL2IM(col2im_bf16, uint16_t, bf16_load, bf16_store)
 COL2IM(col2im_f32, float, f32_load, f32_store)
