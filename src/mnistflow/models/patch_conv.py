@@ -15,12 +15,13 @@ from ..kernels.layout import col2im
 
 
 def patches(x: torch.Tensor, k: int) -> torch.Tensor:
-    """(N, C, H, W) channels-last -> (N*OH*OW, K*K*C): each VALID window's pixels in (row,
-    column, channel) order, by one copy of a strided view."""
+    """(N, C, H, W) -> (N*OH*OW, K*K*C): each VALID window's pixels in (row, column, channel)
+    order, by one copy of a strided view (a channels-last input reads contiguous channels;
+    ``models.whiten.patches`` is the NCHW, ``F.unfold``-ordered counterpart)."""
     n, c, h, w = x.shape
     oh, ow = h - k + 1, w - k + 1
-    # channels-last strides: (H*W*C, 1, W*C, C); a window (i, j) starts at pixel (i, j)
-    view = x.as_strided((n, oh, ow, k, k, c), (h * w * c, w * c, c, w * c, c, 1))
+    sn, sc, sh, sw = x.stride()  # a window (i, j) starts at pixel (i, j)
+    view = x.as_strided((n, oh, ow, k, k, c), (sn, sh, sw, sh, sw, sc), x.storage_offset())
     return view.reshape(n * oh * ow, k * k * c)
 
 
@@ -37,7 +38,6 @@ class _PatchConv(torch.autograd.Function):
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         n, c, h, w = x.shape
         o, _, k, _ = weight.shape
-        x = x.contiguous(memory_format=torch.channels_last)
         cols = patches(x, k)
         wm = _matrix(weight, x.dtype)
         ctx.save_for_backward(cols, wm)
