@@ -261,30 +261,19 @@ int conv3x3_maxpool_wgrad_bf16(const uint16_t *x, const uint16_t *gp, const uint
 /* ---- the forward of a first layer: y = maxpool2x2(conv3x3(x, w)), 3C <= 16 ------------------
  * For the fast net's 4 space-to-depth channels oneDNN's convolution wrote a 4.8 MB output per
  * step that the pool then read back. Here each block of 16 output pixels (8 columns of two
- * rows, i.e. 4 pooling windows) is one AMX product: A = the pixels' 3 kernel rows of 3C inputs
- * (one 16-column block per kernel row, zero-padded: K = 48 of 64), B = the weights in VNNI
- * pairs, C = 16 pixels x 16 channels in fp32; the pool reads C from the L1, rounds to bf16 (as
- * oneDNN's output does) and keeps the maximum and its winner code (the max-pool kernel's). */
-
-/* The 16 columns of kernel row kh under output pixel (n, y, x): 3C inputs, the edge taps masked. */
-static inline __m256i kernel_row(const uint16_t *x, int64_t n, int64_t y, int64_t xx, int kh,
-                                 int64_t H, int64_t W, int64_t C) {
-    const int64_t yy = y + kh - 1;
-    if (yy < 0 || yy >= H || y >= H || xx >= W) return _mm256_setzero_si256();
-    const uint32_t left = (1u << C) - 1;
-    __mmask16 m = (1u << (3 * C)) - 1;
-    if (xx == 0) m &= ~left;
-    if (xx == W - 1) m &= ~(left << (2 * C));
-    return _mm256_maskz_loadu_epi16(m, x + ((n * H + yy) * W + xx - 1) * C);
-}
+ * rows, i.e. 4 pooling windows) is one AMX product: A = the pixels' 3 kernel rows (one
+ * 16-column block per kernel row: its 3C inputs, then inputs that meet zero weights; K = 48
+ * of 64), B = the weights in VNNI pairs, C = 16 pixels x 16 channels in fp32; the pool reads
+ * C from the L1, rounds to bf16 (as oneDNN's output does) and keeps the maximum and its
+ * winner code (the max-pool kernel's). */
 
 int conv3x3_maxpool_forward_bf16(const uint16_t *x, const uint16_t *w, uint16_t *y, uint8_t *code,
                                  int64_t N, int64_t H, int64_t W, int64_t C, int64_t O, int threads) {
     if (O % 16 || 3 * C > 16) return 2;
     const int64_t OB = O / 16, OH = (H + 1) / 2, OW = (W + 1) / 2;
-    const int64_t XB = (W + 7) / 8, blocks = N * OH * XB;  /* 8 columns x 2 rows each */
+    const int64_t XB = (W + 7) / 8;  /* blocks of 8 columns x 2 rows per pooled row */
     /* B tiles (kt, ob): bw[((kt * OB + ob) * 16 + r) * 32 + 2 j + i] = w[16 ob + j][k], k = 32 kt
-       + 2 r + i = 16 kh + 3 kw... as kernel_row lays them out: column kw * C + c of row kh */
+       + 2 r + i = 16 kh + kw * C + c: column kw * C + c of kernel row kh, as the A rows hold them */
     uint16_t *bw = aligned_alloc(64, (size_t)2 * OB * 512 * sizeof(uint16_t));
     if (!bw) return 1;
     memset(bw, 0, (size_t)2 * OB * 512 * sizeof(uint16_t));
@@ -295,58 +284,72 @@ int conv3x3_maxpool_forward_bf16(const uint16_t *x, const uint16_t *w, uint16_t 
                     const int64_t k = kh * 16 + kw * C + c, kt = k / 32, r = (k % 32) / 2, i = k % 2;
                     bw[((kt * OB + o / 16) * 16 + r) * 32 + 2 * (o % 16) + i] = w[((o * C + c) * 3 + kh) * 3 + kw];
                 }
-    _Pragma("omp parallel num_threads(threads)")
+    /* Each thread copies an image at a time into a zero-bordered scratch (input pixel (y, x) at
+       (y + 1, x + 1); rows and columns past the image stay 0), so a kernel row of any output
+       pixel is one unmasked 16-element load: its 3C inputs, then inputs that meet zero weights. */
+    const int64_t Hp = 2 * OH + 2, Wp = XB * 8 + 2, pad_elems = Hp * Wp * C + 16;
+    int failed = 0;
+    _Pragma("omp parallel num_threads(threads) reduction(|:failed)")
     {
         _Alignas(64) uint16_t a[2][16][32];
         _Alignas(64) float out[16][16];
+        uint16_t *pad = aligned_alloc(64, (size_t)((pad_elems * 2 + 63) / 64 * 64));
+        failed |= pad == NULL;
         configure_tiles();
         _Pragma("omp for schedule(static)")
-        for (int64_t b = 0; b < blocks; b++) {
-            const int64_t n = b / (OH * XB), oy = b / XB % OH, x0 = b % XB * 8;
-            for (int r = 0; r < 16; r++) {  /* rows 0-7: (2 oy, x0 + r), rows 8-15: the row below */
-                const int64_t yy = 2 * oy + r / 8, xx = x0 + r % 8;
-                const __m256i k0 = kernel_row(x, n, yy, xx, 0, H, W, C);
-                const __m256i k1 = kernel_row(x, n, yy, xx, 1, H, W, C);
-                const __m256i k2 = kernel_row(x, n, yy, xx, 2, H, W, C);
-                _mm512_store_si512((void *)a[0][r], _mm512_inserti64x4(_mm512_castsi256_si512(k0), k1, 1));
-                _mm512_store_si512((void *)a[1][r], _mm512_inserti64x4(_mm512_castsi256_si512(k2),
-                                                                       _mm256_setzero_si256(), 1));
-            }
-            _tile_loadd(2, a[0], 64);
-            _tile_loadd(3, a[1], 64);
-            for (int64_t ob = 0; ob < OB; ob++) {
-                _tile_zero(0);
-                _tile_loadd(4, bw + (0 * OB + ob) * 512, 64);
-                _tile_loadd(5, bw + (1 * OB + ob) * 512, 64);
-                _tile_dpbf16ps(0, 2, 4);
-                _tile_dpbf16ps(0, 3, 5);
-                _tile_stored(0, out, 64);
-                for (int v = 0; v < 4; v++) {  /* window v: pixels 2v, 2v + 1 and the two below */
-                    const int64_t ox = x0 / 2 + v;
-                    if (ox >= OW) break;
-                    const int64_t y0 = 2 * oy, xa = 2 * ox;
-                    const int ok[4] = {1, xa + 1 < W, y0 + 1 < H, y0 + 1 < H && xa + 1 < W};
-                    const int rows[4] = {2 * v, 2 * v + 1, 8 + 2 * v, 9 + 2 * v};
-                    /* round to bf16 and back: the values the two-layer version compares */
-                    __m512 m = _mm512_cvtpbh_ps(_mm512_cvtneps_pbh(_mm512_load_ps(out[rows[0]])));
-                    __m128i win = _mm_setzero_si128();
-                    for (int q = 1; q < 4; q++) {
-                        if (!ok[q]) continue;
-                        const __m512 vq = _mm512_cvtpbh_ps(_mm512_cvtneps_pbh(_mm512_load_ps(out[rows[q]])));
-                        const __mmask16 take = _mm512_cmp_ps_mask(vq, m, _CMP_GT_OQ) | _mm512_cmp_ps_mask(vq, vq, _CMP_UNORD_Q);
-                        m = _mm512_mask_mov_ps(m, take, vq);
-                        win = _mm_mask_mov_epi8(win, take, _mm_set1_epi8((char)q));
+        for (int64_t n = 0; n < N; n++) {
+            if (!pad) continue;
+            memset(pad, 0, (size_t)pad_elems * 2);
+            for (int64_t yy = 0; yy < H; yy++)
+                memcpy(pad + ((yy + 1) * Wp + 1) * C, x + (n * H + yy) * W * C, (size_t)(W * C) * 2);
+            for (int64_t oy = 0; oy < OH; oy++)
+                for (int64_t x0 = 0; x0 < XB * 8; x0 += 8) {
+                    for (int r = 0; r < 16; r++) {  /* rows 0-7: (2 oy, x0 + r), rows 8-15: the row below */
+                        const uint16_t *base = pad + ((2 * oy + r / 8) * Wp + x0 + r % 8) * C;
+                        const __m256i k0 = _mm256_loadu_si256((const __m256i *)base);
+                        const __m256i k1 = _mm256_loadu_si256((const __m256i *)(base + Wp * C));
+                        const __m256i k2 = _mm256_loadu_si256((const __m256i *)(base + 2 * Wp * C));
+                        _mm512_store_si512((void *)a[0][r], _mm512_inserti64x4(_mm512_castsi256_si512(k0), k1, 1));
+                        _mm512_store_si512((void *)a[1][r], _mm512_inserti64x4(_mm512_castsi256_si512(k2),
+                                                                               _mm256_setzero_si256(), 1));
                     }
-                    const int64_t i = ((n * OH + oy) * OW + ox) * O + ob * 16;
-                    _mm256_storeu_si256((__m256i *)(y + i), (__m256i)_mm512_cvtneps_pbh(m));
-                    if (code) _mm_storeu_si128((__m128i *)(code + i), win);  /* NULL: inference */
+                    _tile_loadd(2, a[0], 64);
+                    _tile_loadd(3, a[1], 64);
+                    for (int64_t ob = 0; ob < OB; ob++) {
+                        _tile_zero(0);
+                        _tile_loadd(4, bw + (0 * OB + ob) * 512, 64);
+                        _tile_loadd(5, bw + (1 * OB + ob) * 512, 64);
+                        _tile_dpbf16ps(0, 2, 4);
+                        _tile_dpbf16ps(0, 3, 5);
+                        _tile_stored(0, out, 64);
+                        for (int v = 0; v < 4; v++) {  /* window v: pixels 2v, 2v + 1 and the two below */
+                            const int64_t ox = x0 / 2 + v;
+                            if (ox >= OW) break;
+                            const int64_t y0 = 2 * oy, xa = 2 * ox;
+                            const int ok[4] = {1, xa + 1 < W, y0 + 1 < H, y0 + 1 < H && xa + 1 < W};
+                            const int rows[4] = {2 * v, 2 * v + 1, 8 + 2 * v, 9 + 2 * v};
+                            /* round to bf16 and back: the values the two-layer version compares */
+                            __m512 m = _mm512_cvtpbh_ps(_mm512_cvtneps_pbh(_mm512_load_ps(out[rows[0]])));
+                            __m128i win = _mm_setzero_si128();
+                            for (int q = 1; q < 4; q++) {
+                                if (!ok[q]) continue;
+                                const __m512 vq = _mm512_cvtpbh_ps(_mm512_cvtneps_pbh(_mm512_load_ps(out[rows[q]])));
+                                const __mmask16 take = _mm512_cmp_ps_mask(vq, m, _CMP_GT_OQ) | _mm512_cmp_ps_mask(vq, vq, _CMP_UNORD_Q);
+                                m = _mm512_mask_mov_ps(m, take, vq);
+                                win = _mm_mask_mov_epi8(win, take, _mm_set1_epi8((char)q));
+                            }
+                            const int64_t i = ((n * OH + oy) * OW + ox) * O + ob * 16;
+                            _mm256_storeu_si256((__m256i *)(y + i), (__m256i)_mm512_cvtneps_pbh(m));
+                            if (code) _mm_storeu_si128((__m128i *)(code + i), win);  /* NULL: inference */
+                        }
+                    }
                 }
-            }
         }
         _tile_release();
+        free(pad);
     }
     free(bw);
-    return 0;
+    return failed;
 }
 
 #else
