@@ -83,7 +83,7 @@ class Muon(torch.optim.Optimizer):
 
     ``bf16_products`` (set by training runs in bf16): on CPUs with AMX, the orthogonalization
     of all the matrices runs in one native kernel call with bf16 products (``kernels.muon``;
-    0.95 -> 0.50 ms per fast-net step, the same accuracy over 64 seeds). Off, it is fp32 and
+    0.95 -> 0.50 ms per step of the 96-channel fast net, the same accuracy over 64 seeds). Off, it is fp32 and
     deterministic to fp32 rounding (the data-parallel equivalence tests rely on that).
     """
 

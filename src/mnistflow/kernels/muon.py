@@ -14,6 +14,7 @@ import torch
 
 from . import library, threads, wgrad
 
+
 def available() -> bool:
     """AMX is usable and this kernel passed its check (both in ``wgrad.available``)."""
     return wgrad.available()

@@ -103,8 +103,8 @@ class BatchNormReLU2d(nn.BatchNorm2d):
     """``nn.BatchNorm2d`` then ReLU, in one module. Channels-last bf16/fp32 CPU inputs run on
     mnistflow's native kernel (``kernels.bnrelu``) in training (two passes each way instead of
     PyTorch's eight) and in inference without autograd (one pass instead of two); everywhere
-    else it is PyTorch's batch norm and ReLU. The parameters
-    and buffers are batch norm's, under the same names."""
+    else it is PyTorch's batch norm and ReLU. The parameters and buffers are batch norm's,
+    under the same names."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.training and kernel_bnrelu.supports(x, self.weight, self.bias, self.running_mean,

@@ -14,15 +14,23 @@ import torch.nn as nn
 from ..kernels.layout import col2im
 
 
+def windows(x: torch.Tensor, kernel: tuple[int, int], dilation: tuple[int, int] = (1, 1),
+            stride: tuple[int, int] = (1, 1)) -> torch.Tensor:
+    """The VALID windows of ``x`` (N, C, H, W, any memory format) as a strided view, no copy:
+    (N, C, KH, KW, OH, OW), element [n, c, i, j, y, x] = x[n, c, y*sh + i*dh, x*sw + j*dw]."""
+    n, c, h, w = x.shape
+    (kh, kw), (dh, dw), (sh, sw) = kernel, dilation, stride
+    oh, ow = (h - dh * (kh - 1) - 1) // sh + 1, (w - dw * (kw - 1) - 1) // sw + 1
+    s0, s1, s2, s3 = x.stride()
+    return x.as_strided((n, c, kh, kw, oh, ow), (s0, s1, dh * s2, dw * s3, sh * s2, sw * s3),
+                        x.storage_offset())
+
+
 def patches(x: torch.Tensor, k: int) -> torch.Tensor:
     """(N, C, H, W) -> (N*OH*OW, K*K*C): each VALID window's pixels in (row, column, channel)
-    order, by one copy of a strided view (a channels-last input reads contiguous channels;
-    ``models.whiten.patches`` is the NCHW, ``F.unfold``-ordered counterpart)."""
-    n, c, h, w = x.shape
-    oh, ow = h - k + 1, w - k + 1
-    sn, sc, sh, sw = x.stride()  # a window (i, j) starts at pixel (i, j)
-    view = x.as_strided((n, oh, ow, k, k, c), (sn, sh, sw, sh, sw, sc), x.storage_offset())
-    return view.reshape(n * oh * ow, k * k * c)
+    order, by one copy of the windows' view (a channels-last input reads contiguous channels)."""
+    v = windows(x, (k, k)).permute(0, 4, 5, 2, 3, 1)  # (N, OH, OW, K, K, C)
+    return v.reshape(-1, k * k * x.shape[1])
 
 
 def _matrix(weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
