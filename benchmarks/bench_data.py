@@ -64,7 +64,7 @@ def main() -> None:
     torch.set_num_threads(a.threads)
     from mnistflow.data.loader import make_loader
     from mnistflow.data.records import open_records
-    from mnistflow.prep import prepare
+    from mnistflow.data.prepare import prepare
 
     tmp = Path(tempfile.mkdtemp())
     times = []

@@ -142,7 +142,7 @@ def step_fn(name: str, optimizer: str, widths: tuple | None = None):
     """A training step of a registered net (or of the fast net at ``widths``, all stages SAME)."""
     from mnistflow.models import create_model
     from mnistflow.models.fast import FastNet
-    from mnistflow.optim import build_optimizer
+    from mnistflow.training.optim import build_optimizer
 
     torch.manual_seed(0)
     model = (FastNet((1, 28, 28), 10, widths) if widths else create_model(name)).to(memory_format=CL)
@@ -165,7 +165,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
     ap.add_argument("--rounds", type=int, default=30)
     args = ap.parse_args()
-    from mnistflow.runtime import tune_malloc
+    from mnistflow.runtime.cpu import tune_malloc
 
     tune_malloc()
     torch.set_num_threads(args.threads)

@@ -108,7 +108,7 @@ def bodies(data_dir: Path, n: int = 200) -> dict[str, tuple[str, list[bytes], st
     """Per kind of request: (URL path, bodies, content type, true labels)."""
     from PIL import Image
 
-    from mnistflow.data.idx import read_idx
+    from mnistflow.data.formats.idx import read_idx
 
     x = read_idx(data_dir / "t10k-images-idx3-ubyte.gz")[:n]
     y = read_idx(data_dir / "t10k-labels-idx1-ubyte.gz")[:n]
@@ -180,8 +180,8 @@ def warm(port: int, payload, n: int = 30) -> None:
 # --- the run --------------------------------------------------------------------------------
 
 def train_model(data_dir: Path, out: Path) -> Path:
-    from mnistflow.prep import prepare
-    from mnistflow.training import train
+    from mnistflow.data.prepare import prepare
+    from mnistflow.training.loop import train
 
     rec = prepare("mnist", data_dir, out / "records", quiet=True)
     train(recipe="fast", epochs=1, data=rec, run_dir=out / "run", quiet=True, threads=1, tensorboard=False)

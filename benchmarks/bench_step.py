@@ -19,8 +19,8 @@ import torch.nn.functional as F  # noqa: E402
 
 def step_time(name: str, batch: int, threads: int, bf16: bool, steps: int = 20, profile: bool = False) -> float:
     from mnistflow.models import create_model
-    from mnistflow.optim import build_optimizer
-    from mnistflow.runtime import tune_malloc
+    from mnistflow.training.optim import build_optimizer
+    from mnistflow.runtime.cpu import tune_malloc
 
     tune_malloc()
     torch.set_num_threads(threads)

@@ -18,7 +18,7 @@ def machine() -> str:
         pass
     flags = ""
     try:
-        from mnistflow.runtime import cpu_flags
+        from mnistflow.runtime.cpu import cpu_flags
 
         f = cpu_flags()
         flags = " ".join(x for x in ("avx512f", "avx512_bf16", "amx_bf16") if x in f)

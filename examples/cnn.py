@@ -31,7 +31,7 @@ print(f"hardest digit: {result['class_names'][worst]} ({100 * result['per_class_
 # deterministic. Predict the first test images straight from the records.
 import numpy as np  # noqa: E402
 
-from mnistflow.artifacts import load_model  # noqa: E402
+from mnistflow.artifacts.model_file import load_model  # noqa: E402
 from mnistflow.inference import predict_arrays  # noqa: E402
 
 model, info = load_model(summary["run_dir"])

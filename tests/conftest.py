@@ -32,7 +32,7 @@ def mnist_dir() -> Path:
 @pytest.fixture(scope="session")
 def mnist_records(mnist_dir, tmp_path_factory) -> Path:
     """Real MNIST prepared once for the whole session (55,000 / 5,000 / 10,000)."""
-    from mnistflow.prep import prepare
+    from mnistflow.data.prepare import prepare
 
     return prepare("mnist", mnist_dir, tmp_path_factory.mktemp("rec") / "mnist", quiet=True)
 

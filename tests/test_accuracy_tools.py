@@ -15,7 +15,7 @@ from mnistflow.data.records import open_records
 from mnistflow.inference import evaluate
 from mnistflow.models import create_model
 from mnistflow.models.whiten import whiten_first_conv
-from mnistflow.training import train
+from mnistflow.training.loop import train
 
 QUIET = dict(quiet=True, threads=1, tensorboard=False)
 

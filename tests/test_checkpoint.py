@@ -12,10 +12,10 @@ import torch.nn as nn
 from safetensors.torch import load_file
 
 from conftest import assert_one_line_error, run_cli
-from mnistflow import checkpoint
-from mnistflow.errors import MnistflowError
+from mnistflow.artifacts import checkpoint
+from mnistflow.core.errors import MnistflowError
 from mnistflow.models import create_model
-from mnistflow.training import train
+from mnistflow.training.loop import train
 
 QUIET = dict(quiet=True, threads=1, tensorboard=False)
 

@@ -37,7 +37,7 @@ def test_doctor_reports_the_machine():
     assert proc.returncode == 0, proc.stderr
     d = json.loads(proc.stdout)
     assert d["torch"].startswith("2.") and d["cores"] >= 1 and d["recommendations"]
-    from mnistflow.runtime import cpu_has_fast_bf16
+    from mnistflow.runtime.cpu import cpu_has_fast_bf16
 
     assert any("bf16" in r for r in d["recommendations"]) == (cpu_has_fast_bf16() or bool(d["gpus"]))
 
@@ -57,8 +57,8 @@ def test_models_lists_every_registered_model():
 def test_predict_on_an_idx_file_and_a_png(mnist_records, mnist_dir, tmp_path):
     from PIL import Image
 
-    from mnistflow.data.idx import read_idx
-    from mnistflow.training import train
+    from mnistflow.data.formats.idx import read_idx
+    from mnistflow.training.loop import train
 
     train(recipe="softmax", data=mnist_records, run_dir=tmp_path / "run", quiet=True, threads=1,
           tensorboard=False)

@@ -12,11 +12,11 @@ import pytest
 import torch
 
 from conftest import assert_one_line_error, run_cli
-from mnistflow import dist
-from mnistflow.errors import MnistflowError
-from mnistflow.runtime import (busy_cores_elsewhere, default_threads, pick_device, threads_for_load,
-                               usable_cores)
-from mnistflow.training import train
+from mnistflow.runtime import dist
+from mnistflow.core.errors import MnistflowError
+from mnistflow.runtime.cpu import busy_cores_elsewhere, default_threads, threads_for_load, usable_cores
+from mnistflow.runtime.device import pick_device
+from mnistflow.training.loop import train
 
 TINY = dict(model="softmax", max_steps=2, batch_size=32, threads=1, quiet=True, tensorboard=False,
             keep_checkpoints=0, validate=False)

@@ -17,11 +17,11 @@ import torch
 from safetensors.torch import load_file
 
 from conftest import run_cli
-from mnistflow import checkpoint
-from mnistflow.config import TrainConfig
+from mnistflow.artifacts import checkpoint
+from mnistflow.training.config import TrainConfig
 from mnistflow.data.loader import epoch_order, make_loader
 from mnistflow.data.records import open_records
-from mnistflow.training import _keep_global_batch, resume_differences, train
+from mnistflow.training.loop import _keep_global_batch, resume_differences, train
 
 # No batch norm, no dropout: one process and two are then equal up to float summation order.
 SPEC = "conv5x5x8-relu,maxpool2,fc10"

@@ -11,12 +11,12 @@ import torch
 from safetensors.torch import load_file
 
 from conftest import assert_one_line_error, run_cli
-from mnistflow import checkpoint
-from mnistflow.errors import MnistflowError
+from mnistflow.artifacts import checkpoint
+from mnistflow.core.errors import MnistflowError
 from mnistflow.inference import evaluate
 from mnistflow.exporting import NPZ_META_KEY, export, format_export, load_npz_into, read_npz
 from mnistflow.models import create_model, list_models
-from mnistflow.training import train
+from mnistflow.training.loop import train
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +32,7 @@ def trained(mnist_records, tmp_path_factory):
 
 def _logits(path, n: int = 500, **kw) -> torch.Tensor:
     """The model's logits for the first ``n`` real test images, loaded by ``load_any``."""
-    from mnistflow.artifacts import load_any
+    from mnistflow.artifacts.model_file import load_any
     from mnistflow.data.records import open_records
 
     model, info = load_any(path, **kw)
@@ -127,7 +127,7 @@ def test_npz_export_subset_and_restore_by_name_with_reports(trained, mnist_recor
 def test_safetensors_from_a_checkpoint_and_predict_on_every_format(trained, tmp_path):
     from PIL import Image
 
-    from mnistflow.artifacts import load_model
+    from mnistflow.artifacts.model_file import load_model
     from mnistflow.data.records import open_records
     from mnistflow.inference import predict
 
@@ -160,7 +160,7 @@ def test_safetensors_from_a_checkpoint_and_predict_on_every_format(trained, tmp_
 
 @pytest.mark.parametrize("name", list_models())
 def test_every_registered_model_exports_to_onnx_with_a_dynamic_batch(name):
-    from mnistflow.artifacts import ModelInfo
+    from mnistflow.artifacts.model_file import ModelInfo
     from mnistflow.exporting import _ort_session, to_onnx
 
     torch.manual_seed(0)

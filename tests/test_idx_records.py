@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 
 from conftest import assert_one_line_error, run_cli
-from mnistflow.data.idx import parse_idx, read_idx, read_idx_pair
+from mnistflow.data.formats.idx import parse_idx, read_idx, read_idx_pair
 from mnistflow.data.records import FORMAT_VERSION, open_records, split_train_val
-from mnistflow.errors import MnistflowError
-from mnistflow.prep import prepare
+from mnistflow.core.errors import MnistflowError
+from mnistflow.data.prepare import prepare
 
 
 def test_real_mnist_idx(mnist_dir):

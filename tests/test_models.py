@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mnistflow.errors import MnistflowError
+from mnistflow.core.errors import MnistflowError
 from mnistflow.models import create_model, list_models
 from mnistflow.models.layers import Conv2d, pool
 

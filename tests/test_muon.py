@@ -6,8 +6,8 @@ import torch
 from safetensors.torch import load_file
 
 from mnistflow.models import create_model, list_models
-from mnistflow.optim import Muon, build_optimizer, orthogonalize
-from mnistflow.training import train
+from mnistflow.training.optim import Muon, build_optimizer, orthogonalize
+from mnistflow.training.loop import train
 
 
 def _orthogonalizer(impl: str):
@@ -104,7 +104,7 @@ def test_a_muon_step_on_the_amx_kernel_matches_pytorchs_iteration(monkeypatch):
     (PyTorch's fp32 iteration): the same update up to bf16 products, and identical for the
     SGD-side parameters."""
     _orthogonalizer("amx")
-    import mnistflow.optim as optim
+    import mnistflow.training.optim as optim
 
     torch.manual_seed(0)
     models = [create_model("fast") for _ in range(2)]

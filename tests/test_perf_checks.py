@@ -8,9 +8,9 @@ import torch
 import torch.nn as nn
 
 from conftest import assert_one_line_error, run_cli
-from mnistflow.errors import MnistflowError
+from mnistflow.core.errors import MnistflowError
 from mnistflow.models import register_model
-from mnistflow.training import train
+from mnistflow.training.loop import train
 
 SMALL = dict(threads=1, tensorboard=False, quiet=True)
 
@@ -80,7 +80,7 @@ def test_finalize_guard_names_the_layer_created_in_forward(mnist_records, tmp_pa
     s = train(model="softmax", data=mnist_records, run_dir=tmp_path / "ok", max_steps=20, **SMALL)
     assert s["steps"] == 20
     # replacing a registered parameter object between steps is caught by the snapshot too
-    from mnistflow.observe.finalize import FinalizeGuard
+    from mnistflow.training.observe.finalize import FinalizeGuard
 
     m = torch.nn.Linear(2, 2)
     g = FinalizeGuard(m)

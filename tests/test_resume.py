@@ -16,8 +16,8 @@ import torch
 from safetensors.torch import load_file
 
 from conftest import assert_one_line_error, run_cli
-from mnistflow import checkpoint
-from mnistflow.training import train
+from mnistflow.artifacts import checkpoint
+from mnistflow.training.loop import train
 
 STEPS = 300  # batch 256: 215 steps per epoch, so the run crosses an epoch boundary
 
@@ -167,7 +167,7 @@ def test_more_epochs_on_resume_is_allowed_and_continues_exactly(mnist_records, t
 
 def test_resume_refuses_a_different_model_or_data_listing_the_differences(mnist_records, mnist_dir,
                                                                           tmp_path):
-    from mnistflow.prep import prepare
+    from mnistflow.data.prepare import prepare
 
     run = tmp_path / "run"
     train(model="mlp", data=str(mnist_records), run_dir=str(run), max_steps=5, batch_size=64, quiet=True,

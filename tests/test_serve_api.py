@@ -29,7 +29,7 @@ def serve_model(mnist_records, tmp_path_factory):
     Cached in the module so that test_serve_browser.py, which imports this fixture, shares
     the one training run."""
     if "run" not in _TRAINED:
-        from mnistflow.training import train
+        from mnistflow.training.loop import train
 
         run = tmp_path_factory.mktemp("serve") / "run"
         s = train(recipe="fast", epochs=1, data=mnist_records, run_dir=run, quiet=True, threads=1,
@@ -41,7 +41,7 @@ def serve_model(mnist_records, tmp_path_factory):
 
 def real_digits(n: int, start: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """``n`` real MNIST test digits (uint8 (n, 28, 28)) and their labels."""
-    from mnistflow.data.idx import read_idx
+    from mnistflow.data.formats.idx import read_idx
 
     x = read_idx(MNIST_DIR / "t10k-images-idx3-ubyte.gz")[start:start + n]
     y = read_idx(MNIST_DIR / "t10k-labels-idx1-ubyte.gz")[start:start + n]
@@ -284,7 +284,7 @@ def test_preprocess_query_none_needs_model_size(client):
 @pytest.mark.parametrize("in_shape,mode", [((3, 32, 32), "resize"), ((1, 32, 32), "mnist")])
 def test_colour_and_32x32_models(in_shape, mode):
     """Any model mnistflow trains: the input is prepared at its size and channel count."""
-    from mnistflow.artifacts import ModelInfo
+    from mnistflow.artifacts.model_file import ModelInfo
     from mnistflow.models import create_model
     from mnistflow.server import create_app
     from mnistflow.server.predictor import TorchPredictor
@@ -309,7 +309,7 @@ def test_onnx_export_is_served_with_onnxruntime(serve_model, tmp_path):
     """``mnistflow export --format onnx`` output runs in ONNX Runtime and agrees with PyTorch."""
     pytest.importorskip("onnxruntime")
     pytest.importorskip("onnxscript")
-    from mnistflow.artifacts import load_model
+    from mnistflow.artifacts.model_file import load_model
     from mnistflow.exporting import to_onnx
     from mnistflow.server import create_app, load_predictor
 
@@ -338,7 +338,7 @@ def test_cli_bad_model_is_one_line_error(tmp_path):
 
 def test_host_other_than_localhost_warns(serve_model, capsys, monkeypatch):
     """--host 0.0.0.0 prints a warning (checked without opening the port)."""
-    from mnistflow.errors import MnistflowError
+    from mnistflow.core.errors import MnistflowError
     from mnistflow.server import app as appmod
 
     def no_bind(host, port):

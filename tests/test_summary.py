@@ -6,7 +6,7 @@ import re
 import pytest
 
 from conftest import assert_one_line_error, run_cli
-from mnistflow.errors import MnistflowError
+from mnistflow.core.errors import MnistflowError
 from mnistflow.models import create_model
 from mnistflow.summary import layer_table, summarize, totals
 
@@ -87,7 +87,7 @@ def test_cli_spec_with_input_size_and_variables():
 
 
 def test_summary_of_a_trained_run_and_its_exports(mnist_records, tmp_path):
-    from mnistflow.training import train
+    from mnistflow.training.loop import train
 
     run = tmp_path / "run"
     train(model="softmax", data=mnist_records, run_dir=run, max_steps=3, tensorboard=False, quiet=True,

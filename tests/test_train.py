@@ -8,9 +8,9 @@ import torch
 from safetensors.torch import load_file
 
 from conftest import assert_one_line_error, run_cli
-from mnistflow.errors import MnistflowError
-from mnistflow.optim import OPTIMIZERS, SCHEDULES, lr_factor
-from mnistflow.training import train
+from mnistflow.core.errors import MnistflowError
+from mnistflow.training.optim import OPTIMIZERS, SCHEDULES, lr_factor
+from mnistflow.training.loop import train
 
 QUIET = dict(quiet=True, threads=1)
 

@@ -1,4 +1,4 @@
 """python -m mnistflow ... (the same as the ``mnistflow`` command)."""
-from .cli import main
+from mnistflow.cli import main
 
 raise SystemExit(main())

@@ -14,7 +14,7 @@ import os
 import sys
 from pathlib import Path
 
-from .errors import MnistflowError
+from mnistflow.core.errors import MnistflowError
 
 PROG = "mnistflow"
 
@@ -53,7 +53,7 @@ def _add_prep(sub) -> None:
 
 
 def _run_prep(a) -> int:
-    from .prep import prepare
+    from mnistflow.data.prepare import prepare
 
     prepare(a.dataset, a.data, a.out, val_size=a.val_size, seed=a.seed, variants=a.variants,
             resize=a.resize, force=a.force, tfrecord_keys=(a.image_key, a.label_key))
@@ -67,7 +67,7 @@ def _add_records(sub) -> None:
 
 
 def _run_records(a) -> int:
-    from .data.records import describe, open_records
+    from mnistflow.data.records import describe, open_records
 
     print(describe(open_records(a.dir)))
     print("checksums OK")
@@ -140,7 +140,7 @@ def _train_flags(p) -> None:
     """Every TrainConfig field as a flag (shared by train and profile)."""
     from dataclasses import fields
 
-    from .config import TrainConfig
+    from mnistflow.training.config import TrainConfig
 
     p.add_argument("--config", type=Path, help="a TOML file of settings (e.g. a run's config.toml)")
     p.add_argument("--resume", nargs="?", const="latest", default=None, metavar="PATH",
@@ -189,11 +189,11 @@ def _without_nproc(argv: list[str]) -> list[str]:
 def _run_train(a) -> int:
     from dataclasses import fields
 
-    from .config import TrainConfig
-    from .training import TrainingInterrupted, train
+    from mnistflow.training.config import TrainConfig
+    from mnistflow.training.loop import TrainingInterrupted, train
 
     if a.nproc:
-        from .dist import env_info, launch_local
+        from mnistflow.runtime.dist import env_info, launch_local
 
         if env_info().enabled:
             raise MnistflowError("--nproc is for a plain command; under torchrun leave it out")
@@ -221,7 +221,7 @@ def _add_models(sub) -> None:
 
 
 def _run_models(a) -> int:
-    from .models import create_model, get_entry, list_models
+    from mnistflow.models import create_model, get_entry, list_models
 
     shape = (a.channels, *a.input)
     print(f"{'model':<14} {'params':>11}  description (input {shape[1]}x{shape[2]}x{shape[0]}, {a.classes} classes)")
@@ -248,7 +248,7 @@ def _add_eval(sub) -> None:
 def _run_eval(a) -> int:
     import json
 
-    from .inference import evaluate, format_eval
+    from mnistflow.inference import evaluate, format_eval
 
     res = evaluate(a.model, a.split, data=a.data, device=a.device, batch_size=a.batch_size,
                    model_name=a.model_name, tta=a.tta)
@@ -273,7 +273,7 @@ def _add_predict(sub) -> None:
 def _run_predict(a) -> int:
     import json
 
-    from .inference import format_predictions, predict
+    from mnistflow.inference import format_predictions, predict
 
     invert = {"no": False, "yes": True, "auto": None}[a.invert]
     preds = predict(a.model, a.images, invert=invert, mnist_style=a.mnist_style, device=a.device,
@@ -295,7 +295,7 @@ def _add_serve(sub) -> None:
 
 
 def _run_serve(a) -> int:
-    from .server import serve
+    from mnistflow.server import serve
 
     serve(a.model, a.host, a.port, workers=a.workers, threads=a.threads, access_log=a.access_log)
     return 0
@@ -310,7 +310,7 @@ def _add_doctor(sub) -> None:
 def _run_doctor(a) -> int:
     import json
 
-    from .doctor import diagnose, format_report
+    from mnistflow.doctor import diagnose, format_report
 
     d = diagnose()
     print(json.dumps(d) if a.json else format_report(d))
@@ -334,7 +334,7 @@ def _add_export(sub) -> None:
 def _run_export(a) -> int:
     import json
 
-    from .exporting import export, format_export
+    from mnistflow.exporting import export, format_export
 
     res = export(a.model, a.format, a.out, a.only, a.quantize, model_name=a.model_name, data=a.data)
     print(json.dumps(res) if a.json else format_export(res))
@@ -353,7 +353,7 @@ def _add_summary(sub) -> None:
 
 
 def _run_summary(a) -> int:
-    from .summary import summarize
+    from mnistflow.summary import summarize
 
     print(summarize(a.model, a.input, a.variables, a.all, channels=a.channels, num_classes=a.classes))
     return 0
@@ -371,8 +371,8 @@ def _add_report(sub) -> None:
 
 
 def _run_report(a) -> int:
-    from .errors import display
-    from .reporting import build_report
+    from mnistflow.core.errors import display
+    from mnistflow.reporting import build_report
 
     html, pngs = build_report(a.run_dir, a.out, a.compare, data=a.data, device=a.device)
     print("\n".join(display(p) for p in [*pngs, html]))
@@ -385,7 +385,7 @@ VERBS = [_add_doctor, _add_prep, _add_records, _add_train, _add_profile, _add_mo
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog=PROG, description="Train MNIST-family image classifiers fast, and see why.")
-    from . import __version__
+    from mnistflow import __version__
 
     parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     sub = parser.add_subparsers(dest="verb", metavar="VERB", parser_class=_Parser)

@@ -4,7 +4,6 @@ from __future__ import annotations
 import importlib.util
 import os
 import platform
-import sys
 
 
 def _has(mod: str) -> bool:
@@ -15,10 +14,10 @@ def diagnose() -> dict:
     """Facts about the environment and concrete recommendations (a dict, for --json)."""
     import torch
 
-    from . import kernels
-    from .kernels import wgrad
-    from .data.sources import home
-    from .runtime import cpu_flags, cpu_has_fast_bf16, usable_cores
+    from mnistflow import kernels
+    from mnistflow.core.paths import home
+    from mnistflow.kernels import wgrad
+    from mnistflow.runtime.cpu import cpu_flags, cpu_has_fast_bf16, usable_cores
 
     kernels.library()  # builds and loads them if it can; reason() then says how that went
     facts: dict = {

@@ -31,9 +31,9 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from .artifacts import MODEL_FILE, ModelInfo, OnnxModule, import_optional, info_from_json, load_any, unwrap
-from .errors import MnistflowError, display
-from .fsutil import atomic_write_bytes
+from mnistflow.artifacts.model_file import (MODEL_FILE, ModelInfo, OnnxModule, import_optional, info_from_json, load_any, unwrap)
+from mnistflow.core.errors import MnistflowError, display
+from mnistflow.core.fsutil import atomic_write_bytes
 
 FORMATS = ("onnx", "npz", "safetensors")
 NPZ_META_KEY = "__mnistflow__"
@@ -227,10 +227,10 @@ def _normalized(images: np.ndarray, info: ModelInfo) -> np.ndarray:
 
 
 def _test_images(info: ModelInfo, data, split: str = "test") -> tuple[np.ndarray, np.ndarray, str]:
-    from .data.records import open_records
+    from mnistflow.data.records import open_records
 
     if data is not None:
-        from .prep import prepare
+        from mnistflow.data.prepare import prepare
 
         rec = open_records(prepare(None, Path(data), quiet=True))
     elif info.records and Path(info.records).is_dir():
@@ -392,10 +392,10 @@ def _export_onnx(model, info: ModelInfo, out: Path, quantize, data, verify_image
 
 def _calibration_images(info: ModelInfo, data, n: int = 512, seed: int = 0):
     """``n`` training images (a fixed random sample) for int8 calibration."""
-    from .data.records import open_records
+    from mnistflow.data.records import open_records
 
     if data is not None:
-        from .prep import prepare
+        from mnistflow.data.prepare import prepare
 
         rec = open_records(prepare(None, Path(data), quiet=True))
     else:

@@ -10,17 +10,18 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .artifacts import ModelInfo, OnnxModule, load_any
-from .data.loader import make_loader, normalized_batch
-from .data.records import open_records
-from .config import check_tta
-from .errors import MnistflowError
-from .runtime import Amp, pick_device, set_threads
+from mnistflow.artifacts.model_file import ModelInfo, OnnxModule, load_any
+from mnistflow.data.loader import make_loader, normalized_batch
+from mnistflow.data.records import open_records
+from mnistflow.training.config import check_tta
+from mnistflow.core.errors import MnistflowError
+from mnistflow.runtime.device import Amp, pick_device
+from mnistflow.runtime.cpu import set_threads
 
 
 def _records_for(info: ModelInfo, data: str | Path | None):
     if data is not None:
-        from .prep import prepare
+        from mnistflow.data.prepare import prepare
 
         return open_records(prepare(None, Path(data), quiet=True))
     if info.records and Path(info.records).is_dir():
@@ -40,7 +41,7 @@ def evaluate(model_path: str | Path, split: str = "test", *, data: str | Path | 
              model_name: str | None = None, tta: int = 0) -> dict:
     """Accuracy, loss, per-class accuracy and confusion matrix of a trained model on ``split``;
     ``tta`` > 0 averages each prediction over that many one-pixel shifts too (0, 2, 4, 8)."""
-    from .engine import evaluate as run_eval
+    from mnistflow.training.engine import evaluate as run_eval
 
     check_tta(tta)
     dev = pick_device(device)
@@ -76,7 +77,7 @@ def _read_images(paths: list[Path]) -> list[tuple[str, np.ndarray]]:
     """Decode PNG/JPEG files, or every image of an IDX file, as uint8 arrays."""
     from PIL import Image, UnidentifiedImageError
 
-    from .data.idx import read_idx
+    from mnistflow.data.formats.idx import read_idx
 
     out = []
     for p in paths:
@@ -109,7 +110,7 @@ def predict(model_path: str | Path, images: list[str | Path], *, invert: bool | 
             mnist_style: bool = False, device: str = "cpu", model_name: str | None = None,
             data: str | Path | None = None) -> list[dict]:
     """Label and class probabilities for each image (PNG/JPEG files, or IDX files)."""
-    from .preprocess import to_model_input
+    from mnistflow.data.picture import to_model_input
 
     model, info, _ = _load(model_path, model_name, pick_device(device), data)
     items = _read_images([Path(p) for p in images])

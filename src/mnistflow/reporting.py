@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import MnistflowError, display
+from mnistflow.core.errors import MnistflowError, display
 
 DPI = 100
 # name -> (width, height) in inches; at DPI the PNGs have exactly these sizes x 100 pixels.
@@ -113,7 +113,7 @@ def _by_step(rows: list[dict]) -> list[dict]:
 
 def load_run(run_dir: str | Path) -> RunLog:
     """The metrics, summary and configuration of a run directory."""
-    from .observe.metrics import read_metrics
+    from mnistflow.training.observe.metrics import read_metrics
 
     p = Path(run_dir)
     if not p.is_dir():
@@ -142,9 +142,10 @@ def load_run(run_dir: str | Path) -> RunLog:
 def predict_split(run_dir: str | Path, *, data: str | Path | None = None, device: str = "auto",
                   batch_size: int = 1000, threads: int | None = None) -> SplitPredictions:
     """The model of ``run_dir`` on the test split (else validation) of its records, per image."""
-    from .artifacts import load_any
-    from .inference import _records_for, predict_arrays
-    from .runtime import pick_device, set_threads
+    from mnistflow.artifacts.model_file import load_any
+    from mnistflow.inference import _records_for, predict_arrays
+    from mnistflow.runtime.device import pick_device
+    from mnistflow.runtime.cpu import set_threads
 
     set_threads(threads)
     model, info = load_any(run_dir, device=pick_device(device), data=data)
@@ -167,7 +168,7 @@ def _matplotlib():
     """matplotlib, or a one-line error saying what to install. Figures are made with
     ``matplotlib.figure.Figure`` and saved by the Agg renderer: no display, no pyplot state,
     and the backend of a notebook or script that calls ``report`` is left alone."""
-    from .artifacts import import_optional
+    from mnistflow.artifacts.model_file import import_optional
 
     return import_optional("matplotlib", "report")
 
@@ -482,8 +483,8 @@ def render_html(run: RunLog, res: SplitPredictions, pngs: dict[str, bytes], comp
     """One self-contained page: the PNGs as data URIs, the end-of-run table, the configuration."""
     from html import escape
 
-    from . import __version__
-    from .training import end_of_run_table
+    from mnistflow import __version__
+    from mnistflow.training.loop import end_of_run_table
 
     s = run.summary or {}
     target = run.config.get("target_acc")
@@ -529,7 +530,7 @@ def build_report(run_dir: str | Path, out: str | Path | None = None, compare=(),
                  data: str | Path | None = None, device: str = "auto",
                  threads: int | None = None) -> tuple[Path, list[Path]]:
     """Write the PNGs and the HTML page; returns (the page, the PNGs)."""
-    from .fsutil import atomic_write_bytes, atomic_write_text
+    from mnistflow.core.fsutil import atomic_write_bytes, atomic_write_text
 
     run = load_run(run_dir)
     compared = [load_run(c) for c in compare]

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
-from .errors import MnistflowError
+from mnistflow.core.errors import MnistflowError
 
 
 @dataclass
@@ -151,8 +151,8 @@ def variables_table(model: nn.Module, all_variables: bool = False) -> list[str]:
 
 
 def _resolve(model_or_path, input_size, channels, num_classes) -> tuple[nn.Module, tuple, str]:
-    from .models import create_model, get_entry
-    from .models.spec import looks_like_spec
+    from mnistflow.models import create_model, get_entry
+    from mnistflow.models.spec import looks_like_spec
 
     h, w = _size(input_size) if input_size is not None else (None, None)
     if isinstance(model_or_path, nn.Module):
@@ -161,7 +161,7 @@ def _resolve(model_or_path, input_size, channels, num_classes) -> tuple[nn.Modul
     text = str(model_or_path)
     p = Path(text)
     if p.exists():
-        from .artifacts import OnnxModule, load_any, unwrap
+        from mnistflow.artifacts.model_file import OnnxModule, load_any, unwrap
 
         model, info = load_any(p)
         c0, h0, w0 = info.in_shape

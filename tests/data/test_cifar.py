@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 
 from conftest import assert_one_line_error, run_cli
-from mnistflow.data.cifar import read_cifar10, safe_unpickle
+from mnistflow.data.formats.cifar import read_cifar10, safe_unpickle
 from mnistflow.data.datasets import KNOWN
 from mnistflow.data.sources import detect_format, read_source
-from mnistflow.errors import MnistflowError
+from mnistflow.core.errors import MnistflowError
 
 NAMES = list(KNOWN["cifar10"].class_names)
 

@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 
 from conftest import assert_one_line_error, run_cli
-from mnistflow.data.csvfile import companion_files, read_csv
-from mnistflow.data.idx import read_idx_pair
+from mnistflow.data.formats.csv import companion_files, read_csv
+from mnistflow.data.formats.idx import read_idx_pair
 from mnistflow.data.sources import detect_format
-from mnistflow.errors import MnistflowError
+from mnistflow.core.errors import MnistflowError
 
 
 def digits(mnist_dir, n=50):

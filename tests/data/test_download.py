@@ -16,7 +16,7 @@ from mnistflow.data import download
 from mnistflow.data.datasets import KNOWN, RemoteFile
 from mnistflow.data.download import fetch_known
 from mnistflow.data.sources import locate_known, verify_known_files
-from mnistflow.errors import MnistflowError
+from mnistflow.core.errors import MnistflowError
 
 MNIST = KNOWN["mnist"]
 

@@ -6,10 +6,10 @@ import pytest
 from PIL import Image
 
 from conftest import assert_one_line_error, run_cli
-from mnistflow.data.folder import read_image_folder
-from mnistflow.data.idx import read_idx_pair
+from mnistflow.data.formats.folder import read_image_folder
+from mnistflow.data.formats.idx import read_idx_pair
 from mnistflow.data.sources import detect_format, read_source
-from mnistflow.errors import MnistflowError
+from mnistflow.core.errors import MnistflowError
 
 
 def digits(mnist_dir, n=50, start=0):

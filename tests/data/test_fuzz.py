@@ -14,14 +14,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from mnistflow.data import tfrecord as T
-from mnistflow.data.cifar import read_cifar10, safe_unpickle
-from mnistflow.data.csvfile import read_csv
-from mnistflow.data.folder import read_image_folder
-from mnistflow.data.idx import parse_idx, read_idx, read_idx_pair
-from mnistflow.data.npzfile import read_npz
-from mnistflow.data.sources import RawDataset
-from mnistflow.errors import MnistflowError
+from mnistflow.data.formats import tfrecord as T
+from mnistflow.data.formats.cifar import read_cifar10, safe_unpickle
+from mnistflow.data.formats.csv import read_csv
+from mnistflow.data.formats.folder import read_image_folder
+from mnistflow.data.formats.idx import parse_idx, read_idx, read_idx_pair
+from mnistflow.data.formats.npz import read_npz
+from mnistflow.data.formats.raw import RawDataset
+from mnistflow.core.errors import MnistflowError
 
 # Deterministic in CI; MNISTFLOW_FUZZ_EXAMPLES=5000 runs a longer, random hunt by hand.
 _LONG = os.environ.get("MNISTFLOW_FUZZ_EXAMPLES")

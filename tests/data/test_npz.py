@@ -5,10 +5,10 @@ import numpy as np
 import pytest
 
 from conftest import assert_one_line_error, run_cli
-from mnistflow.data.idx import read_idx_pair
-from mnistflow.data.npzfile import read_npz
+from mnistflow.data.formats.idx import read_idx_pair
+from mnistflow.data.formats.npz import read_npz
 from mnistflow.data.sources import detect_format
-from mnistflow.errors import MnistflowError
+from mnistflow.core.errors import MnistflowError
 
 
 def digits(mnist_dir, n=50):

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 from conftest import assert_one_line_error, run_cli
-from mnistflow.data import tfrecord as T
-from mnistflow.data.idx import read_idx_pair
+from mnistflow.data.formats import tfrecord as T
+from mnistflow.data.formats.idx import read_idx_pair
 from mnistflow.data.sources import detect_format, read_source
-from mnistflow.errors import MnistflowError
+from mnistflow.core.errors import MnistflowError
 
 
 def digits(mnist_dir, n=50):

@@ -19,8 +19,8 @@ import urllib.request
 import zlib
 from pathlib import Path
 
-from ..errors import MnistflowError, fail
-from .datasets import KnownDataset, RemoteFile
+from mnistflow.core.errors import MnistflowError, fail
+from mnistflow.data.datasets import KnownDataset, RemoteFile
 
 TIMEOUT = 30.0  # seconds without progress before a mirror counts as failed
 _CHUNK = 1 << 20

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..errors import MnistflowError
+from mnistflow.core.errors import MnistflowError
 
 
 @dataclass
@@ -116,7 +116,7 @@ class ResidentLoader:
         # Each rank its own augmentation stream (rank 0's is the single process's).
         self._aug_gen.manual_seed(self.seed * 7919 + self.epoch + self.rank * 1_000_000_007)
         if self.start_batch and self.augment:  # keep the augmentation stream aligned on resume
-            from .augment import skip_batches
+            from mnistflow.data.augment import skip_batches
 
             skip_batches(self._aug_gen, self.start_batch, self.batch_size, x.shape[1])
         nb, bs = len(self), self.batch_size
@@ -125,7 +125,7 @@ class ResidentLoader:
             idx = order[b * bs:(b + 1) * bs]
             xb = x.index_select(0, idx).to(torch.float32)
             if self.augment:
-                from .augment import augment_batch
+                from mnistflow.data.augment import augment_batch
 
                 xb = augment_batch(xb, self._aug_gen)
             xb = xb.sub_(self.mean).mul_(self.inv_std)

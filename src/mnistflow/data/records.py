@@ -19,8 +19,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import MnistflowError, fail
-from .sources import RawDataset, sha256_file
+from mnistflow.core.errors import MnistflowError, fail
+from mnistflow.data.formats.raw import RawDataset
+from mnistflow.core.fsutil import sha256_file
 
 FORMAT_VERSION = 1
 SPLITS = ("train", "val", "test")
@@ -143,7 +144,7 @@ def write_records(raw: RawDataset, out: Path, *, key: str, options: dict,
                 _save_npy(tmp, f"{split}_x.npy", x, checksums)
                 _save_npy(tmp, f"{split}_y.npy", y.astype(np.int64), checksums)
         if variants:
-            from .augment import make_variant
+            from mnistflow.data.augment import make_variant
 
             for k in range(1, variants + 1):
                 _save_npy(tmp, f"train_x.aug{k}.npy", make_variant(xtr, seed * 1000 + k), checksums)

@@ -9,57 +9,13 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
-
-from ..errors import MnistflowError, fail
-from . import datasets
-from .idx import read_bytes, read_idx_pair
-
-
-@dataclass
-class RawSplit:
-    x: np.ndarray  # (N, H, W, C) uint8
-    y: np.ndarray  # (N,) int64 in [0, num_classes)
-
-
-@dataclass
-class RawDataset:
-    name: str
-    class_names: list[str]
-    train: RawSplit
-    test: RawSplit | None = None
-    source_files: list[Path] = field(default_factory=list)
-
-    @property
-    def num_classes(self) -> int:
-        return len(self.class_names)
-
-
-def home() -> Path:
-    """mnistflow's cache root: ``$MNISTFLOW_HOME`` or ``~/.cache/mnistflow``."""
-    return Path(os.environ.get("MNISTFLOW_HOME") or Path.home() / ".cache" / "mnistflow")
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 22), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def check_labels(y: np.ndarray, num_classes: int, path: Path | str) -> None:
-    """A label outside [0, num_classes) is an error naming the file and the record index."""
-    bad = np.flatnonzero((y < 0) | (y >= num_classes))
-    if len(bad):
-        i = int(bad[0])
-        fail(path, f"record {i}: label {int(y[i])} is outside 0..{num_classes - 1}")
-
-
-# --- IDX -------------------------------------------------------------------------------
+from mnistflow.core.errors import MnistflowError, fail
+from mnistflow.core.paths import home
+from mnistflow.data import datasets
+from mnistflow.data.formats.idx import read_bytes, read_idx_pair
+from mnistflow.data.formats.raw import RawDataset, RawSplit, check_labels
 
 _IDX_RE = re.compile(r"^(train|t10k|test)[-_.]?(images|labels)[-_.]idx[13]-ubyte(\.gz)?$")
 
@@ -100,8 +56,6 @@ def read_idx_folder(folder: Path, name: str | None = None,
     return RawDataset(name or folder.name, list(class_names), RawSplit(x, y), test,
                       sorted(files.values()))
 
-
-# --- known datasets --------------------------------------------------------------------
 
 def _md5(data: bytes) -> str:
     return hashlib.md5(data).hexdigest()
@@ -145,7 +99,9 @@ def locate_known(ds: datasets.KnownDataset, data: Path | None = None,
         return cache
     if not download:
         fail(cache, f"{ds.name} is not downloaded")
-    from .download import fetch_known  # only when needed: it pulls in urllib
+    from mnistflow.data.download import (
+        fetch_known,  # only when needed: it pulls in urllib
+    )
 
     return fetch_known(ds, cache)
 
@@ -158,7 +114,7 @@ def read_known(name: str, data: Path | None = None) -> RawDataset:
     folder = locate_known(ds, data)
     verify_known_files(ds, folder)
     if ds.format == "cifar":
-        from .cifar import read_cifar10
+        from mnistflow.data.formats.cifar import read_cifar10
 
         return read_cifar10(folder / ds.files[0].name, list(ds.class_names), ds.name)
     files = [folder / f.name for f in ds.files]
@@ -169,8 +125,6 @@ def read_known(name: str, data: Path | None = None) -> RawDataset:
     check_labels(ty, len(names), files[3])
     return RawDataset(ds.name, names, RawSplit(x, y), RawSplit(tx, ty), files)
 
-
-# --- detection -------------------------------------------------------------------------
 
 def detect_format(path: Path) -> str:
     """One of: idx, folder, csv, npz, tfrecord, cifar, records."""
@@ -207,24 +161,24 @@ def read_source(path: Path, *, name: str | None = None, resize: tuple[int, int] 
     if fmt == "idx":
         return read_idx_folder(path if path.is_dir() else path.parent, name)
     if fmt == "folder":
-        from .folder import read_image_folder
+        from mnistflow.data.formats.folder import read_image_folder
 
         return read_image_folder(path, resize=resize, name=name)
     if fmt == "csv":
-        from .csvfile import read_csv
+        from mnistflow.data.formats.csv import read_csv
 
         return read_csv(path, name=name)
     if fmt == "npz":
-        from .npzfile import read_npz
+        from mnistflow.data.formats.npz import read_npz
 
         return read_npz(path, name=name)
     if fmt == "tfrecord":
-        from .tfrecord import read_tfrecord_dataset
+        from mnistflow.data.formats.tfrecord import read_tfrecord_dataset
 
         return read_tfrecord_dataset(path, image_key=tfrecord_keys[0],
                                      label_key=tfrecord_keys[1], resize=resize, name=name)
     if fmt == "cifar":
-        from .cifar import read_cifar10
+        from mnistflow.data.formats.cifar import read_cifar10
 
         return read_cifar10(path, list(datasets.KNOWN["cifar10"].class_names), name or "cifar10")
     fail(path, "is already a records directory; nothing to prepare")

@@ -70,13 +70,13 @@ def _compiler() -> str | None:
 
 
 def _cache_dir() -> Path:
-    from ..data.sources import home
+    from mnistflow.core.paths import home
     return home() / "kernels"
 
 
 def _library_path(cc: str) -> Path:
     """The cached library's path: a hash of everything that changes the binary."""
-    from ..runtime import cpu_flags
+    from mnistflow.runtime.cpu import cpu_flags
     h = hashlib.sha256()
     here = Path(__file__).parent
     for name in SOURCES + HEADERS:
@@ -140,14 +140,14 @@ def library() -> ctypes.CDLL | None:
     try:
         lib = _load()
         _state["single_thread"] = len(_openmp_runtimes()) > 1
-        from . import bnrelu, layout, pool
+        from mnistflow.kernels import bnrelu, layout, pool
         # checked with autograd on, whatever mode the first caller is in
         with torch.inference_mode(False), torch.enable_grad(), torch.autocast("cpu", enabled=False):
             pool.self_check(lib)
             bnrelu.self_check(lib)
             layout.self_check(lib)
     except Exception as e:  # any failure: PyTorch's ops instead, said once
-        from ..runtime import warn
+        from mnistflow.core.log import warn
         _state["reason"] = f"unavailable: {e}"
         warn(f"native kernels {_state['reason']}; using PyTorch's ops (slower)")
         return None

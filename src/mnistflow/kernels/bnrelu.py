@@ -12,8 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
-from . import library, threads
-from .pool import nhwc
+from mnistflow.kernels import library, threads
+from mnistflow.kernels.pool import nhwc
 
 _FORWARD = {torch.bfloat16: "bnrelu_forward_bf16", torch.float32: "bnrelu_forward_f32"}
 _BACKWARD = {torch.bfloat16: "bnrelu_backward_bf16", torch.float32: "bnrelu_backward_f32"}

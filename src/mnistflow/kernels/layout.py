@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from . import library, threads
-from .pool import nhwc
+from mnistflow.kernels import library, threads
+from mnistflow.kernels.pool import nhwc
 
 _SWAP = {2: "swap_nc_u16", 4: "swap_nc_u32"}  # by element size
 _COL2IM = {torch.bfloat16: "col2im_bf16", torch.float32: "col2im_f32"}

@@ -12,7 +12,7 @@ import ctypes
 
 import torch
 
-from . import library, threads, wgrad
+from mnistflow.kernels import library, threads, wgrad
 
 
 def available() -> bool:
@@ -38,7 +38,7 @@ def newton_schulz(mats: list[torch.Tensor], steps: int) -> list[torch.Tensor]:
 def self_check() -> None:
     """Compare with ``optim.orthogonalize`` (fp32) on wide, tall and padded shapes; bf16
     products leave the result within a few percent."""
-    from ..optim import orthogonalize
+    from mnistflow.training.optim import orthogonalize
 
     gen = torch.Generator().manual_seed(0)
     mats = [torch.randn(r, c, generator=gen) for r, c in ((32, 36), (20, 70), (50, 17))]

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
-from . import library, threads
+from mnistflow.kernels import library, threads
 
 _FORWARD = {torch.bfloat16: "maxpool2x2_forward_bf16", torch.float32: "maxpool2x2_forward_f32"}
 _BACKWARD = {2: "maxpool2x2_backward_u16", 4: "maxpool2x2_backward_u32"}  # by element size

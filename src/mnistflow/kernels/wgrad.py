@@ -17,8 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
-from . import library, pool, threads
-from .pool import nhwc
+from mnistflow.kernels import library, pool, threads
+from mnistflow.kernels.pool import nhwc
 
 _state: dict = {}
 
@@ -43,7 +43,7 @@ def available() -> bool:
             _state["reason"] = "unavailable: no AMX (this CPU, the OS or the compiler)"
         else:
             try:
-                from . import muon
+                from mnistflow.kernels import muon
 
                 with torch.inference_mode(False), torch.enable_grad(), torch.autocast("cpu", enabled=False):
                     self_check(lib)
@@ -51,7 +51,7 @@ def available() -> bool:
                 ok = True
                 _state["reason"] = "loaded"
             except Exception as e:  # a wrong result or a failed call: PyTorch's ops, said once
-                from ..runtime import warn
+                from mnistflow.core.log import warn
                 _state["reason"] = f"unavailable: {e}"
                 warn(f"the AMX kernels are {_state['reason']}; using PyTorch's ops (slower)")
         _state.update(key=(off, id(lib)), ok=ok)

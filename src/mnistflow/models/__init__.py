@@ -1,7 +1,7 @@
 """Models registered by name; ``create_model`` also accepts a layer spec string."""
-from .registry import create_model, get_entry, list_models, register_model
+from mnistflow.models.registry import create_model, get_entry, list_models, register_model
 
 # Importing the families registers their models.
-from . import cnn, fast, mlp, resnet, vgg  # noqa: E402,F401
+from mnistflow.models import cnn, fast, mlp, resnet, vgg  # noqa: E402,F401
 
 __all__ = ["create_model", "get_entry", "list_models", "register_model"]

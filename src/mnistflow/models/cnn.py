@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import torch.nn as nn
 
-from .registry import register_model
-from .spec import build_from_spec
+from mnistflow.models.registry import register_model
+from mnistflow.models.spec import build_from_spec
 
 
 @register_model

@@ -28,11 +28,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..kernels import wgrad
-from ..kernels.layout import swap_batch_channels
-from .layers import BatchNormReLU2d, MaxPool2x2
-from .patch_conv import PatchConv2d
-from .registry import register_model
+from mnistflow.kernels import wgrad
+from mnistflow.kernels.layout import swap_batch_channels
+from mnistflow.models.layers import BatchNormReLU2d, MaxPool2x2
+from mnistflow.models.patch_conv import PatchConv2d
+from mnistflow.models.registry import register_model
 
 
 class _WeightGradOverBatch(torch.autograd.Function):

@@ -11,9 +11,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..errors import MnistflowError
-from ..kernels import bnrelu as kernel_bnrelu
-from ..kernels import pool as kernel_pool
+from mnistflow.core.errors import MnistflowError
+from mnistflow.kernels import bnrelu as kernel_bnrelu
+from mnistflow.kernels import pool as kernel_pool
 
 ACTIVATIONS = {"relu": nn.ReLU, "sigmoid": nn.Sigmoid, "tanh": nn.Tanh, "gelu": nn.GELU,
                "identity": nn.Identity}

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from ..kernels.layout import col2im
+from mnistflow.kernels.layout import col2im
 
 
 def windows(x: torch.Tensor, kernel: tuple[int, int], dilation: tuple[int, int] = (1, 1),

@@ -6,7 +6,7 @@ from typing import Callable
 
 import torch.nn as nn
 
-from ..errors import MnistflowError
+from mnistflow.core.errors import MnistflowError
 
 
 @dataclass(frozen=True)
@@ -47,7 +47,7 @@ def get_entry(name: str) -> ModelEntry:
 def create_model(name: str, in_shape: tuple[int, int, int] = (1, 28, 28),
                  num_classes: int = 10, **kwargs) -> nn.Module:
     """A new model: a registered name, or a layer spec string (see ``models.spec``)."""
-    from .spec import build_from_spec, looks_like_spec
+    from mnistflow.models.spec import build_from_spec, looks_like_spec
 
     if name not in _REGISTRY and looks_like_spec(name):
         return build_from_spec(name, in_shape, num_classes)

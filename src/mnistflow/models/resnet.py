@@ -5,8 +5,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .layers import Conv2d
-from .registry import register_model
+from mnistflow.models.layers import Conv2d
+from mnistflow.models.registry import register_model
 
 
 class BasicBlock(nn.Module):

@@ -15,8 +15,8 @@ import re
 
 import torch.nn as nn
 
-from ..errors import MnistflowError
-from .layers import ACTIVATIONS, Conv2d, Dropout, activation, out_shape, pool
+from mnistflow.core.errors import MnistflowError
+from mnistflow.models.layers import ACTIVATIONS, Conv2d, Dropout, activation, out_shape, pool
 
 _CONV = re.compile(r"^conv(\d+)x(\d+)x(\d+)$")
 _POOL = re.compile(r"^(max|avg)pool(\d+)(?:s(\d+))?$")

@@ -15,8 +15,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..errors import MnistflowError
-from .patch_conv import windows
+from mnistflow.core.errors import MnistflowError
+from mnistflow.models.patch_conv import windows
 
 
 class _Captured(Exception):

@@ -10,7 +10,7 @@ Needs the ``serve`` extra (starlette, uvicorn; onnxruntime for ONNX exports).
 """
 from __future__ import annotations
 
-from .app import create_app, serve
-from .predictor import Predictor, load_predictor
+from mnistflow.server.app import create_app, serve
+from mnistflow.server.predictor import Predictor, load_predictor
 
 __all__ = ["create_app", "serve", "load_predictor", "Predictor"]

@@ -29,9 +29,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import MnistflowError
-from .inputs import MAX_BODY, BadInput, decode_image, is_json, parse_json, to_input
-from .predictor import Predictor, load_predictor
+from mnistflow.core.errors import MnistflowError
+from mnistflow.server.inputs import MAX_BODY, BadInput, decode_image, is_json, parse_json, to_input
+from mnistflow.server.predictor import Predictor, load_predictor
 
 STATIC = Path(__file__).parent / "static"
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")

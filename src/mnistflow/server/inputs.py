@@ -23,7 +23,7 @@ import json
 
 import numpy as np
 
-from ..artifacts import ModelInfo
+from mnistflow.artifacts.model_file import ModelInfo
 
 MAX_BODY = 2 * 1024 * 1024  # bytes
 MAX_IMAGE_PIXELS = 4096 * 4096  # a 2 MB PNG can claim far more; refuse before decoding
@@ -133,7 +133,7 @@ def dark_background(info: ModelInfo) -> bool:
 
 def to_input(img: np.ndarray, info: ModelInfo, mode: str | None = None) -> tuple[np.ndarray, str]:
     """A decoded picture -> ((H, W, C) uint8 at the model's size, the preprocessing used)."""
-    from ..preprocess import to_model_input
+    from mnistflow.data.picture import to_model_input
 
     mode = pick_mode(img, info, mode)
     c, h, w = info.in_shape

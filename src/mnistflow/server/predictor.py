@@ -12,7 +12,7 @@ from typing import Protocol
 
 import numpy as np
 
-from ..artifacts import ModelInfo
+from mnistflow.artifacts.model_file import ModelInfo
 
 
 class Predictor(Protocol):
@@ -32,7 +32,7 @@ class TorchPredictor:
         self.params = sum(p.numel() for p in model.parameters())
 
     def predict(self, batch: np.ndarray) -> np.ndarray:
-        from ..inference import predict_arrays
+        from mnistflow.inference import predict_arrays
 
         if not batch.flags.writeable:  # torch.from_numpy warns on read-only arrays
             batch = batch.copy()
@@ -67,7 +67,7 @@ def _onnx_params(path: Path, info: ModelInfo) -> int | None:
     """Parameters of the model an ONNX file was exported from (the export folds some, e.g.
     batch norm, into others); else its initializers; None when neither can be read."""
     try:
-        from ..models import create_model
+        from mnistflow.models import create_model
 
         return sum(p.numel() for p in create_model(info.model, tuple(info.in_shape),
                                                    info.num_classes).parameters())
@@ -87,7 +87,7 @@ def load_predictor(path: str | Path, threads: int = 1) -> Predictor:
     ``model.safetensors``, a checkpoint, an npz with metadata, or an ``.onnx`` export."""
     import torch
 
-    from ..artifacts import load_any
+    from mnistflow.artifacts.model_file import load_any
 
     torch.set_num_threads(threads)  # also the ONNX session's intra-op threads
     model, info = load_any(path)

@@ -23,9 +23,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import MnistflowError, fail
-from .folder import check_size, decode_image, stack_images
-from .sources import RawDataset, RawSplit, check_labels
+from mnistflow.core.errors import MnistflowError, fail
+from mnistflow.data.formats.folder import check_size, decode_image, stack_images
+from mnistflow.data.formats.raw import RawDataset, RawSplit, check_labels
 
 # --- CRC32C (Castagnoli) -------------------------------------------------------------------
 
@@ -440,7 +440,7 @@ def _resized(arr: np.ndarray, resize: tuple[int, int] | None) -> np.ndarray:
         return arr
     from PIL import Image
 
-    from .folder import _resample
+    from mnistflow.data.formats.folder import _resample
 
     img = Image.fromarray(arr[..., 0] if arr.shape[-1] == 1 else arr)
     out = np.asarray(img.resize((resize[1], resize[0]), _resample()), np.uint8)

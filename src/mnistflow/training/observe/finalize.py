@@ -9,7 +9,7 @@ import torch.nn as nn
 from torch.nn.modules.module import (register_module_module_registration_hook,
                                      register_module_parameter_registration_hook)
 
-from ..errors import MnistflowError
+from mnistflow.core.errors import MnistflowError
 
 
 class GraphModified(MnistflowError):

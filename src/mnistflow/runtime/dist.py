@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as tdist
 
-from .errors import MnistflowError
+from mnistflow.core.errors import MnistflowError
 
 TIMEOUT_ENV = "MNISTFLOW_DIST_TIMEOUT"
 DEFAULT_TIMEOUT_S = 60.0
@@ -236,7 +236,7 @@ def launch_local(nproc: int, argv: list[str]) -> int:
         raise MnistflowError(f"cannot find the Python interpreter {sys.executable}")
     env = dict(os.environ)
     if "OMP_NUM_THREADS" not in env:  # else torchrun sets 1 and prints a banner about it
-        from .runtime import usable_cores
+        from mnistflow.runtime.cpu import usable_cores
 
         env["OMP_NUM_THREADS"] = str(max(1, usable_cores() // nproc))
     proc = subprocess.Popen(cmd, env=env)

@@ -9,7 +9,7 @@ import sys
 import psutil
 import torch
 
-from ..errors import MnistflowError
+from mnistflow.core.errors import MnistflowError
 
 
 def rss_mb() -> float:

@@ -16,7 +16,7 @@ PHASE_LABELS = {"data": "data (next batch)", "forward": "forward", "backward": "
 
 
 def parse_steps(text: str) -> tuple[int, int]:
-    from ..errors import MnistflowError
+    from mnistflow.core.errors import MnistflowError
 
     try:
         a, b = (int(v) for v in text.split(":"))

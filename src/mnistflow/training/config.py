@@ -11,7 +11,7 @@ import tomllib
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-from .errors import MnistflowError
+from mnistflow.core.errors import MnistflowError
 
 
 @dataclass
@@ -155,7 +155,7 @@ def validate(cfg: TrainConfig) -> None:
     if cfg.resident not in ("auto", "yes", "no"):
         raise MnistflowError(f"--resident must be auto, yes or no; got '{cfg.resident}'")
     if cfg.profile_steps is not None:
-        from .observe.profiler import parse_steps
+        from mnistflow.training.observe.profiler import parse_steps
 
         parse_steps(cfg.profile_steps)
     if cfg.log_every <= 0:
@@ -172,9 +172,9 @@ def validate(cfg: TrainConfig) -> None:
         raise MnistflowError(f"--interop-threads must be positive, got {cfg.interop_threads}")
     if cfg.gpu_memory_fraction is not None and not 0 < cfg.gpu_memory_fraction <= 1:
         raise MnistflowError(f"--gpu-memory-fraction must be in (0, 1], got {cfg.gpu_memory_fraction}")
-    from .models import get_entry
-    from .models.spec import looks_like_spec
-    from .optim import OPTIMIZERS, SCHEDULES
+    from mnistflow.models import get_entry
+    from mnistflow.models.spec import looks_like_spec
+    from mnistflow.training.optim import OPTIMIZERS, SCHEDULES
 
     if not looks_like_spec(cfg.model):
         get_entry(cfg.model)  # unknown name: an error listing the known ones
@@ -196,6 +196,6 @@ def save_toml(cfg: TrainConfig, path: str | Path) -> None:
         if v is None or k == "resume":  # resuming is an action, not a setting
             continue
         lines.append(f"{k} = {json.dumps(v)}")  # JSON scalars are valid TOML scalars
-    from .fsutil import atomic_write_text
+    from mnistflow.core.fsutil import atomic_write_text
 
     atomic_write_text(path, "\n".join(lines) + "\n")

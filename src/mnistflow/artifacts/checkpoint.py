@@ -35,8 +35,8 @@ from typing import Callable
 import numpy as np
 import torch
 
-from .errors import MnistflowError, display
-from .fsutil import atomic_write, atomic_write_text, fsync_dir
+from mnistflow.core.errors import MnistflowError, display
+from mnistflow.core.fsutil import atomic_write, atomic_write_text, fsync_dir
 
 MAGIC = b"MNISTFLOW-CHECKPOINT\n"
 FORMAT_VERSION = 1
@@ -207,7 +207,7 @@ def capture(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scaler, tr
             config: dict, *, scheduler: dict | None = None, data: dict | None = None,
             model_info: dict | None = None) -> dict:
     """Everything needed to continue, as a payload dict. ``model`` must be the unwrapped module."""
-    from .artifacts import unwrap
+    from mnistflow.artifacts.model_file import unwrap
 
     return {
         "format_version": FORMAT_VERSION,
@@ -226,7 +226,7 @@ def capture(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scaler, tr
 def restore(payload: dict, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
             scaler=None, *, path: str | Path | None = None, rng: bool = True) -> None:
     """Load ``payload`` into the live objects, strictly: leftover or missing keys are errors."""
-    from .artifacts import unwrap
+    from mnistflow.artifacts.model_file import unwrap
 
     where = path or "checkpoint"
     target = unwrap(model)

@@ -1,6 +1,9 @@
-"""Atomic writes: a temporary file in the same directory, fsync, rename, fsync the directory."""
+"""Files written whole or not at all (a temporary file in the same directory, fsync, rename,
+fsync the directory), and their checksums.
+"""
 from __future__ import annotations
 
+import hashlib
 import os
 import tempfile
 from pathlib import Path
@@ -41,3 +44,11 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
 
 def atomic_write_text(path: str | Path, text: str) -> None:
     atomic_write_bytes(path, text.encode())
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            h.update(chunk)
+    return h.hexdigest()

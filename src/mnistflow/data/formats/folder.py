@@ -15,8 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import fail
-from .sources import RawDataset, RawSplit
+from mnistflow.core.errors import fail
+from mnistflow.data.formats.raw import RawDataset, RawSplit
 
 IMAGE_EXTS = {".png", ".jpg", ".jpeg", ".bmp"}
 _GREY_MODES = {"1", "L", "LA", "La", "I", "I;16", "I;16B", "I;16L", "I;16N", "F"}

@@ -10,11 +10,13 @@ import json
 import os
 from pathlib import Path
 
-from .data import datasets
-from .data.records import read_meta, write_records
-from .data.sources import (RawDataset, detect_format, home, locate_known, read_known,
-                           read_source, sha256_file)
-from .errors import MnistflowError
+from mnistflow.data import datasets
+from mnistflow.data.records import read_meta, write_records
+from mnistflow.data.formats.raw import RawDataset
+from mnistflow.data.sources import detect_format, locate_known, read_known, read_source
+from mnistflow.core.paths import home
+from mnistflow.core.fsutil import sha256_file
+from mnistflow.core.errors import MnistflowError
 
 
 def _source_files(dataset: str | None, data: Path | None) -> tuple[str, list[Path]]:
@@ -30,13 +32,13 @@ def _source_files(dataset: str | None, data: Path | None) -> tuple[str, list[Pat
     if data.is_dir():
         files = sorted(p for p in data.rglob("*") if p.is_file() and not p.name.startswith("."))
         if detect_format(data) == "idx":
-            from .data.sources import find_idx_files
+            from mnistflow.data.sources import find_idx_files
 
             files = sorted(find_idx_files(data).values())
         return data.resolve().name, files
     files = [data]
     if detect_format(data) == "csv":  # a sibling *test*.csv is part of the dataset
-        from .data.csvfile import companion_files
+        from mnistflow.data.formats.csv import companion_files
 
         files += companion_files(data)
     return data.name.split(".")[0], files

@@ -7,13 +7,12 @@ are all integers in 0..255. Labels are (N,) or (N, 1) integers >= 0; classes "0"
 from __future__ import annotations
 
 import os
-import zipfile
 from pathlib import Path
 
 import numpy as np
 
-from ..errors import fail
-from .sources import RawDataset, RawSplit, check_labels
+from mnistflow.core.errors import fail
+from mnistflow.data.formats.raw import RawDataset, RawSplit, check_labels
 
 
 def _peek_header(npz, key: str, path: Path) -> None:

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import MnistflowError, fail
-from .sources import RawDataset, RawSplit, check_labels
+from mnistflow.core.errors import MnistflowError, fail
+from mnistflow.data.formats.raw import RawDataset, RawSplit, check_labels
 
 _BATCH = re.compile(r"^(data_batch_(\d+)|test_batch)$")
 

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import fail
-from .idx import read_bytes
-from .sources import RawDataset, RawSplit, check_labels
+from mnistflow.core.errors import fail
+from mnistflow.data.formats.idx import read_bytes
+from mnistflow.data.formats.raw import RawDataset, RawSplit, check_labels
 
 _CHUNK = 4096
 

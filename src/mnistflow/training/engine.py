@@ -20,10 +20,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from . import dist
-from .errors import MnistflowError
-from .data.augment import tta_logits
-from .runtime import Amp
+from mnistflow.runtime import dist
+from mnistflow.core.errors import MnistflowError
+from mnistflow.data.augment import tta_logits
+from mnistflow.runtime.device import Amp
 
 
 @dataclass

@@ -134,7 +134,7 @@ def _orthogonal_updates(us: list[torch.Tensor], steps: int, bf16_products: bool)
     mats = [u.reshape(len(u), -1) for u in us]
     if (bf16_products and all(m.device.type == "cpu" and m.dtype == torch.float32 for m in mats)
             and _amx_muon()):
-        from .kernels.muon import newton_schulz
+        from mnistflow.kernels.muon import newton_schulz
 
         outs = newton_schulz(mats, steps)
     else:
@@ -148,7 +148,7 @@ def _orthogonal_updates(us: list[torch.Tensor], steps: int, bf16_products: bool)
 
 
 def _amx_muon() -> bool:
-    from .kernels import muon
+    from mnistflow.kernels import muon
 
     return muon.available()
 

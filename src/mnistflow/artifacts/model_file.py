@@ -18,8 +18,8 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
-from .errors import MnistflowError
-from .fsutil import atomic_write_bytes
+from mnistflow.core.errors import MnistflowError
+from mnistflow.core.fsutil import atomic_write_bytes
 
 MODEL_FILE = "model.safetensors"
 
@@ -76,7 +76,7 @@ def load_model(path: str | Path, device: torch.device | str = "cpu") -> tuple[nn
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
-    from .models import create_model
+    from mnistflow.models import create_model
 
     p = resolve_model_path(path)
     try:
@@ -124,7 +124,7 @@ def import_optional(module: str, extra: str = "onnx"):
 
 
 def _build(info: ModelInfo, model_name: str | None = None) -> nn.Module:
-    from .models import create_model
+    from mnistflow.models import create_model
 
     return create_model(model_name or info.model, tuple(info.in_shape), info.num_classes)
 
@@ -132,7 +132,7 @@ def _build(info: ModelInfo, model_name: str | None = None) -> nn.Module:
 def load_checkpoint_model(path: str | Path, device: torch.device | str = "cpu",
                           model_name: str | None = None) -> tuple[nn.Module, ModelInfo]:
     """The model of a training checkpoint (weights only; optimizer etc. are ignored)."""
-    from . import checkpoint
+    from mnistflow.artifacts import checkpoint
 
     p = Path(path)
     payload = checkpoint.load(p)
@@ -192,8 +192,8 @@ def load_onnx(path: str | Path) -> tuple[OnnxModule, ModelInfo]:
 
 
 def _records_info(model_name: str, data, p: Path) -> ModelInfo:
-    from .data.records import open_records
-    from .prep import prepare
+    from mnistflow.data.records import open_records
+    from mnistflow.data.prepare import prepare
 
     rec = open_records(prepare(None, Path(data), quiet=True))
     return info_from_records(model_name, rec)
@@ -209,7 +209,7 @@ def load_any(path: str | Path, model_name: str | None = None, device: torch.devi
     ``data`` (records) for the input shape, class names and normalization. ``.onnx`` models
     run on the CPU with onnxruntime.
     """
-    from . import checkpoint
+    from mnistflow.artifacts import checkpoint
 
     p = Path(path)
     if p.is_dir():
@@ -227,7 +227,7 @@ def load_any(path: str | Path, model_name: str | None = None, device: torch.devi
     if suffix == ".onnx":
         return load_onnx(p)
     if suffix == ".npz":
-        from .exporting import load_npz_into, read_npz
+        from mnistflow.exporting import load_npz_into, read_npz
 
         arrays, info = read_npz(p)
         if info is None:

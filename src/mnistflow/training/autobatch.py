@@ -11,8 +11,8 @@ import time
 import torch
 import torch.nn.functional as F
 
-from ..optim import build_optimizer
-from ..runtime import Amp
+from mnistflow.training.optim import build_optimizer
+from mnistflow.runtime.device import Amp
 
 CPU_CANDIDATES = (64, 128, 256, 512)
 GPU_MAX = 1 << 16
@@ -62,7 +62,7 @@ def choose_batch_size(model, cfg, in_shape, num_classes: int, device: torch.devi
                 finally:
                     torch.cuda.empty_cache()
             if best is None:
-                from ..errors import MnistflowError
+                from mnistflow.core.errors import MnistflowError
 
                 raise MnistflowError("--batch-size auto: not even a batch of 64 fits in the GPU's memory")
             return best, f"the largest power of two that fits on {device} (up to {min(GPU_MAX, n_train):,})"

@@ -5,7 +5,7 @@ BENCHMARKS.md; the test suite gates softmax, seed-cnn and fast on accuracy.
 """
 from __future__ import annotations
 
-from .errors import MnistflowError
+from mnistflow.core.errors import MnistflowError
 
 RECIPES: dict[str, dict] = {
     # The tutorial's softmax regression: plain gradient descent, batch 100 (~92%). On

@@ -11,7 +11,7 @@
     mnistflow train --recipe fast --nproc 2                                      # the same
 
 Run directory (``runs/<name>/``): config.toml, metrics.jsonl, tb/ (TensorBoard), model.safetensors,
-summary.json, checkpoints/ (see ``mnistflow.checkpoint``). The timer starts after setup (data on
+summary.json, checkpoints/ (see ``mnistflow.artifacts.checkpoint``). The timer starts after setup (data on
 the device, model built, writers open) and stops after the final test evaluation.
 
 Resuming needs only the checkpoint: the learning rate is a pure function of the step and the
@@ -19,7 +19,7 @@ data order a pure function of (seed, epoch), so the loop continues at (epoch, st
 with the model, optimizer, scaler and RNG states loaded strictly into the live objects.
 SIGINT/SIGTERM save a checkpoint at the end of the current step and exit (130/143).
 
-Under torchrun (see ``mnistflow.dist``) every rank runs ``fit``: the model is wrapped in
+Under torchrun (see ``mnistflow.runtime.dist``) every rank runs ``fit``: the model is wrapped in
 DistributedDataParallel, each rank reads its shard, and ``rank_zero_hooks`` gives rank 0
 alone the console, files and checkpoints. ``--batch-size`` is per process; the global batch
 is batch size x world size. A signal to any rank stops all of them at the same step.
@@ -43,31 +43,50 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from . import checkpoint
-from . import config as configmod
-from . import dist
-from .artifacts import MODEL_FILE, ModelInfo, info_from_records, save_model, unwrap
-from .config import TrainConfig
-from .data.loader import make_loader, normalized_batch
-from .data.records import Records, open_records
-from .engine import TrainState, call, evaluate, train_one_epoch
-from .errors import MnistflowError, display
-from .models import create_model
-from .observe.console import ConsoleLogger
-from .observe.finalize import FinalizeGuard
-from .observe.memory import MemoryWatch, check_fits, estimate_training_mb, gpu_peaks_mb
-from .observe.metrics import MetricsFile
-from .observe.starvation import StarvationWatch
-from .observe.tensorboard import TensorBoardLogger
-from .optim import build_optimizer, lr_factor
-from .runtime import (Amp, busy_cores_elsewhere, default_threads, flush_denormals, limit_gpu_memory,
-                      pick_device, pick_precision, set_interop_threads, set_threads, threads_for_load,
-                      tune_malloc, usable_cores, warn)
+from mnistflow.artifacts import checkpoint
+from mnistflow.artifacts.model_file import (
+    MODEL_FILE,
+    ModelInfo,
+    info_from_records,
+    save_model,
+)
+from mnistflow.core.errors import MnistflowError, display
+from mnistflow.core.log import warn
+from mnistflow.data.loader import make_loader, normalized_batch
+from mnistflow.data.records import Records, open_records
+from mnistflow.models import create_model
+from mnistflow.runtime import dist
+from mnistflow.runtime.cpu import (
+    busy_cores_elsewhere,
+    default_threads,
+    flush_denormals,
+    set_interop_threads,
+    set_threads,
+    threads_for_load,
+    tune_malloc,
+    usable_cores,
+)
+from mnistflow.runtime.device import Amp, limit_gpu_memory, pick_device, pick_precision
+from mnistflow.training import config as configmod
+from mnistflow.training.config import TrainConfig
+from mnistflow.training.engine import TrainState, call, evaluate, train_one_epoch
+from mnistflow.training.observe.console import ConsoleLogger
+from mnistflow.training.observe.finalize import FinalizeGuard
+from mnistflow.training.observe.memory import (
+    MemoryWatch,
+    check_fits,
+    estimate_training_mb,
+    gpu_peaks_mb,
+)
+from mnistflow.training.observe.metrics import MetricsFile
+from mnistflow.training.observe.starvation import StarvationWatch
+from mnistflow.training.observe.tensorboard import TensorBoardLogger
+from mnistflow.training.optim import build_optimizer, lr_factor
 
 
 def resolve_records(cfg: TrainConfig) -> Records:
     """The record set to train on: a records dir, or raw data prepared into the cache once."""
-    from .prep import prepare
+    from mnistflow.data.prepare import prepare
 
     quiet = cfg.quiet or cfg.json
     path = prepare(cfg.dataset, cfg.data, quiet=quiet)
@@ -194,7 +213,7 @@ def _build(cfg: TrainConfig, run_dir: Path, device: torch.device, info: dist.Dis
         model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
     raw_model = model
     if cfg.batch_size == "auto":
-        from .observe.autobatch import choose_batch_size
+        from mnistflow.training.autobatch import choose_batch_size
 
         choice = choose_batch_size(model, cfg, (c, h, w), rec.num_classes, device, precision, n_train) \
             if info.is_primary else None
@@ -202,7 +221,7 @@ def _build(cfg: TrainConfig, run_dir: Path, device: torch.device, info: dist.Dis
         if info.is_primary and not cfg.quiet:
             print(f"batch size auto: {cfg.batch_size} ({why})")
     if cfg.whiten:  # a model it cannot whiten fails here, before any work
-        from .models.whiten import first_conv
+        from mnistflow.models.whiten import first_conv
 
         first_conv(model, cfg.model)
     _preflight_memory(cfg, rec, model, (c, h, w))
@@ -363,7 +382,7 @@ def _truncate_metrics(path: Path, step: int) -> None:
             continue
         if isinstance(rec, dict) and rec.get("step", 0) <= step:
             keep.append(line)
-    from .fsutil import atomic_write_text
+    from mnistflow.core.fsutil import atomic_write_text
 
     atomic_write_text(path, "".join(ln + "\n" for ln in keep))
 
@@ -481,7 +500,7 @@ def rank_zero_hooks(run: Run, resume_step: int | None) -> RankZeroHooks:
     and input watches, profiler. Other ranks get an empty set (and a quiet console)."""
     if not run.info.is_primary:
         return RankZeroHooks()
-    from .data.loader import StreamLoader
+    from mnistflow.data.loader import StreamLoader
 
     cfg = run.cfg
     metrics = MetricsFile(run.run_dir / "metrics.jsonl")
@@ -497,7 +516,7 @@ def rank_zero_hooks(run: Run, resume_step: int | None) -> RankZeroHooks:
         tb.writer  # open it (and pay its import) before the timer starts
     profiler = None
     if cfg.profile_steps:
-        from .observe.profiler import ProfilerHook, parse_steps
+        from mnistflow.training.observe.profiler import ProfilerHook, parse_steps
 
         profiler = ProfilerHook(run.run_dir / "profile", *parse_steps(cfg.profile_steps), run.device)
     return RankZeroHooks(metrics, tb, MemoryWatch(run.device),
@@ -708,7 +727,7 @@ WHITEN_IMAGES = 1000
 def _whiten(run: Run, console: ConsoleLogger) -> None:
     """``--whiten``: the first convolution from the patches of the first 1,000 training images
     (the same on every rank; rank 0's weights are broadcast all the same)."""
-    from .models.whiten import first_conv, whiten_first_conv
+    from mnistflow.models.whiten import first_conv, whiten_first_conv
 
     xb = normalized_batch(run.rec.split("train")[0][:WHITEN_IMAGES], run.rec.mean, run.rec.std,
                           run.device, run.cfg.channels_last)
@@ -720,7 +739,7 @@ def _whiten(run: Run, console: ConsoleLogger) -> None:
 
 def _init_from(run: Run, cfg: TrainConfig, console: ConsoleLogger) -> None:
     """Start from the named arrays of an npz (``--init-from``, selected by ``--init-only``)."""
-    from .exporting import load_npz_into
+    from mnistflow.exporting import load_npz_into
 
     p = Path(cfg.init_from)
     if p.suffix.lower() != ".npz":
@@ -783,7 +802,7 @@ def _finish(run: Run, state: TrainState, wall: float, train_s: float, test, metr
         tb.add_graph(run.raw_model.eval(), xb)
         tb.close()
     metrics.close()
-    from .fsutil import atomic_write_text
+    from mnistflow.core.fsutil import atomic_write_text
 
     atomic_write_text(run.run_dir / "summary.json", json.dumps(summary, indent=1) + "\n")
     if run.console is not None:
@@ -829,7 +848,7 @@ def _keep_global_batch(base: dict, old_world: int, given: bool) -> None:
 
 def train(config: str | Path | None = None, **overrides) -> dict:
     """Python twin of ``mnistflow train``: ``train(recipe="seed-cnn", epochs=2)``."""
-    from .recipes import get_recipe
+    from mnistflow.training.recipes import get_recipe
 
     file = configmod.load_toml(config) if config else None
     recipe_name = overrides.get("recipe") or (file or {}).get("recipe")
