@@ -26,7 +26,6 @@ import json
 import os
 import random
 import re
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +36,7 @@ import torch
 
 from mnistflow.core.errors import MnistflowError, display
 from mnistflow.core.fsutil import atomic_write, atomic_write_text, fsync_dir
+from mnistflow.core.log import warn
 
 MAGIC = b"MNISTFLOW-CHECKPOINT\n"
 FORMAT_VERSION = 1
@@ -49,11 +49,6 @@ SLOW_SAVE_ENV = "MNISTFLOW_TEST_SLOW_SAVE"  # tests: seconds to sleep inside the
 
 class CorruptCheckpoint(MnistflowError):
     """A checkpoint file that is truncated, altered or not a checkpoint at all."""
-
-
-def warn(message: str) -> None:
-    sys.stderr.write(f"mnistflow: warning: {message}\n")
-    sys.stderr.flush()
 
 
 # --- RNG states as weights_only-loadable values ------------------------------------------

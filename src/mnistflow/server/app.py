@@ -23,14 +23,21 @@ from __future__ import annotations
 import math
 import os
 import socket
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
 from mnistflow.core.errors import MnistflowError
-from mnistflow.server.inputs import MAX_BODY, BadInput, decode_image, is_json, parse_json, to_input
+from mnistflow.core.log import warn
+from mnistflow.server.inputs import (
+    MAX_BODY,
+    BadInput,
+    decode_image,
+    is_json,
+    parse_json,
+    to_input,
+)
 from mnistflow.server.predictor import Predictor, load_predictor
 
 STATIC = Path(__file__).parent / "static"
@@ -191,8 +198,8 @@ def serve(model: str | Path, host: str = "127.0.0.1", port: int = 8000, *, worke
         raise MnistflowError(f"--port must be in 0..65535 (0: any free port), got {port}")
     app = create_app(model, threads=threads)  # load once here: a bad model is a one-line error
     if host not in LOCAL_HOSTS:
-        sys.stderr.write(f"mnistflow: warning: --host {host} lets other machines reach this server; "
-                         "it has no authentication (the default, 127.0.0.1, is this machine only)\n")
+        warn(f"--host {host} lets other machines reach this server; "
+             "it has no authentication (the default, 127.0.0.1, is this machine only)")
     sock = _bind(host, port)
     shown = f"[{host}]" if ":" in host else host
     info = app.state.predictor.info
