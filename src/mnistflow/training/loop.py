@@ -44,6 +44,7 @@ import numpy as np
 import torch
 
 from mnistflow.artifacts import checkpoint
+from mnistflow.training.checkpointing import Checkpointer, Interrupt
 from mnistflow.artifacts.model_file import (
     MODEL_FILE,
     ModelInfo,
@@ -417,7 +418,7 @@ class _SignalHandlers:
     """SIGINT/SIGTERM set a flag the checkpoint hook acts on at the end of the step; a second
     signal stops at once. Installed only in the main thread, restored on exit."""
 
-    def __init__(self, interrupt: checkpoint.Interrupt, quiet: bool = False):
+    def __init__(self, interrupt: Interrupt, quiet: bool = False):
         self.interrupt = interrupt
         self.quiet = quiet
         self.old: dict = {}
@@ -451,8 +452,8 @@ class InterruptSync:
     ``interrupt``, which the loop acts on: rank 0's Checkpointer saves and stops, the other
     ranks stop at exactly the points where it does. Used only when world size > 1."""
 
-    pending: checkpoint.Interrupt
-    interrupt: checkpoint.Interrupt
+    pending: Interrupt
+    interrupt: Interrupt
     steps_per_epoch: int
     primary: bool
 
@@ -621,17 +622,17 @@ def _fit(cfg: TrainConfig, device: torch.device, info: dist.DistInfo) -> dict:
                                             step_every=cfg.step_every, gamma=cfg.step_gamma)
     # Signals: without checkpoints there is nothing to save, so they keep their default
     # behaviour. Under torchrun the handler's flag (pending) is agreed on by all ranks first.
-    interrupt = checkpoint.Interrupt()
+    interrupt = Interrupt()
     catch_signals = cfg.keep_checkpoints > 0
     isync = None
     pending = interrupt
     if catch_signals and info.enabled:
-        pending = checkpoint.Interrupt()
+        pending = Interrupt()
         isync = InterruptSync(pending, interrupt, steps_per_epoch, primary)
         run.hooks.append(isync)  # before the Checkpointer: it acts on the agreed flag
     ckpt = None
     if cfg.keep_checkpoints > 0 and primary:
-        ckpt = checkpoint.Checkpointer(
+        ckpt = Checkpointer(
             checkpoint.CheckpointDir(run.run_dir / checkpoint.CKPT_DIR, cfg.keep_checkpoints),
             lambda st: _payload(run, st, lr_at), steps_per_epoch, every=cfg.checkpoint_every,
             secs=cfg.checkpoint_secs, metric_split="val" if run.val_loader is not None else "test",
