@@ -6,7 +6,7 @@ import gzip
 import numpy as np
 import pytest
 
-from conftest import assert_one_line_error, run_cli
+from helpers.cli import assert_one_line_error, run_cli
 from mnistflow.data.formats.csv import companion_files, read_csv
 from mnistflow.data.formats.idx import read_idx_pair
 from mnistflow.data.sources import detect_format

@@ -5,7 +5,7 @@ import json
 import subprocess
 import sys
 
-from conftest import assert_one_line_error, run_cli
+from helpers.cli import assert_one_line_error, run_cli
 
 
 def test_help_lists_the_verbs_without_importing_torch():

@@ -10,7 +10,7 @@ import shutil
 import numpy as np
 import pytest
 
-from conftest import assert_one_line_error, run_cli
+from helpers.cli import assert_one_line_error, run_cli
 from mnistflow.data.formats.idx import parse_idx, read_idx, read_idx_pair
 from mnistflow.data.records import FORMAT_VERSION, open_records, split_train_val
 from mnistflow.core.errors import MnistflowError

@@ -7,7 +7,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import assert_one_line_error, run_cli
+from helpers.cli import assert_one_line_error, run_cli
 from mnistflow.core.errors import MnistflowError
 from mnistflow.training.optim import OPTIMIZERS, SCHEDULES, lr_factor
 from mnistflow.training.loop import train

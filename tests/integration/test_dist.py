@@ -16,7 +16,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import run_cli
+from helpers.cli import run_cli
 from mnistflow.artifacts import checkpoint
 from mnistflow.training.config import TrainConfig
 from mnistflow.data.loader import epoch_order, make_loader

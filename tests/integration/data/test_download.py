@@ -13,7 +13,7 @@ from dataclasses import replace
 import pytest
 
 from mnistflow.data import download
-from mnistflow.data.datasets import KNOWN, RemoteFile
+from mnistflow.data.datasets import KNOWN
 from mnistflow.data.download import fetch_known
 from mnistflow.data.sources import locate_known, verify_known_files
 from mnistflow.core.errors import MnistflowError

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from conftest import assert_one_line_error, run_cli
+from helpers.cli import assert_one_line_error, run_cli
 from mnistflow.data.formats.folder import read_image_folder
 from mnistflow.data.formats.idx import read_idx_pair
 from mnistflow.data.sources import detect_format, read_source

@@ -6,7 +6,6 @@ each bad input gets a 4xx with a JSON error and the server keeps serving.
 from __future__ import annotations
 
 import contextlib
-import io
 import json
 import socket
 import threading
@@ -17,37 +16,8 @@ import httpx  # the dev extra
 import numpy as np
 import pytest
 
-from conftest import MNIST_DIR, assert_one_line_error, run_cli, start_serve
-
-_TRAINED: dict = {}
-
-
-@pytest.fixture(scope="session")
-def serve_model(mnist_records, tmp_path_factory):
-    """A run directory with a ``fast`` model trained for one epoch (~98.5% test accuracy).
-
-    Cached in the module so that test_serve_browser.py, which imports this fixture, shares
-    the one training run."""
-    if "run" not in _TRAINED:
-        from mnistflow.training.loop import train
-
-        run = tmp_path_factory.mktemp("serve") / "run"
-        s = train(recipe="fast", epochs=1, data=mnist_records, run_dir=run, quiet=True, threads=1,
-                  tensorboard=False)
-        assert s["test_acc"] >= 0.975, s
-        _TRAINED["run"] = run
-    return _TRAINED["run"]
-
-
-def real_digits(n: int, start: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """``n`` real MNIST test digits (uint8 (n, 28, 28)) and their labels."""
-    from mnistflow.data.formats.idx import read_idx
-
-    x = read_idx(MNIST_DIR / "t10k-images-idx3-ubyte.gz")[start:start + n]
-    y = read_idx(MNIST_DIR / "t10k-labels-idx1-ubyte.gz")[start:start + n]
-    return x, y
-
-
+from helpers.cli import assert_one_line_error, run_cli, start_serve
+from helpers.images import png, real_digits
 
 @contextlib.contextmanager
 def running(app):
@@ -77,14 +47,6 @@ def client(serve_model):
 
     with running(create_app(serve_model)) as url, httpx.Client(base_url=url, timeout=30) as c:
         yield c
-
-
-def png(a: np.ndarray, fmt: str = "PNG", **kw) -> bytes:
-    from PIL import Image
-
-    buf = io.BytesIO()
-    Image.fromarray(a).save(buf, fmt, **kw)
-    return buf.getvalue()
 
 
 def drawing(digit: np.ndarray, size: int = 280) -> np.ndarray:

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from conftest import REPO
+from helpers.cli import REPO
 
 EXAMPLES = REPO / "examples"
 # example -> (steps, the test accuracy those few steps must reach)

@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from conftest import assert_one_line_error, run_cli
+from helpers.cli import assert_one_line_error, run_cli
 from mnistflow.core.errors import MnistflowError
 from mnistflow.models import create_model
 from mnistflow.summary import layer_table, summarize, totals

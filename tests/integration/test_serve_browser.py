@@ -18,8 +18,8 @@ import subprocess
 import numpy as np
 import pytest
 
-from conftest import REPO, start_serve
-from test_serve_api import png, real_digits, serve_model  # noqa: F401  (one trained model for all serve tests)
+from helpers.cli import REPO, start_serve
+from helpers.images import png, real_digits
 
 ARTIFACTS = REPO / "test-artifacts"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conftest import assert_one_line_error, run_cli
+from helpers.cli import assert_one_line_error, run_cli
 from mnistflow.data.formats.idx import read_idx_pair
 from mnistflow.data.formats.npz import read_npz
 from mnistflow.data.sources import detect_format

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import assert_one_line_error, run_cli
+from helpers.cli import assert_one_line_error, run_cli
 from mnistflow.data.augment import TTA_SHIFTS, shifted, tta_logits
 from mnistflow.data.loader import make_loader, normalized_batch
 from mnistflow.data.records import open_records

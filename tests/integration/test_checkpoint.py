@@ -11,7 +11,7 @@ import torch
 import torch.nn as nn
 from safetensors.torch import load_file
 
-from conftest import assert_one_line_error, run_cli
+from helpers.cli import assert_one_line_error, run_cli
 from mnistflow.artifacts import checkpoint
 from mnistflow.core.errors import MnistflowError
 from mnistflow.models import create_model

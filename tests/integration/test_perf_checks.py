@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from conftest import assert_one_line_error, run_cli
+from helpers.cli import assert_one_line_error, run_cli
 from mnistflow.core.errors import MnistflowError
 from mnistflow.models import register_model
 from mnistflow.training.loop import train

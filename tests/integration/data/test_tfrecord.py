@@ -9,7 +9,7 @@ import struct
 import numpy as np
 import pytest
 
-from conftest import assert_one_line_error, run_cli
+from helpers.cli import assert_one_line_error, run_cli
 from mnistflow.data.formats import tfrecord as T
 from mnistflow.data.formats.idx import read_idx_pair
 from mnistflow.data.sources import detect_format, read_source

@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 
-from conftest import assert_one_line_error, run_cli
+from helpers.cli import assert_one_line_error, run_cli
 from mnistflow.runtime import dist
 from mnistflow.core.errors import MnistflowError
 from mnistflow.runtime.cpu import busy_cores_elsewhere, default_threads, threads_for_load, usable_cores

@@ -10,7 +10,7 @@ import tarfile
 import numpy as np
 import pytest
 
-from conftest import assert_one_line_error, run_cli
+from helpers.cli import assert_one_line_error, run_cli
 from mnistflow.data.formats.cifar import read_cifar10, safe_unpickle
 from mnistflow.data.datasets import KNOWN
 from mnistflow.data.sources import detect_format, read_source

@@ -1,0 +1,23 @@
+"""The unit tier: synthetic data only, no subprocess, the whole tier in well under a minute.
+
+These guards make the rule hold: a unit test that reaches for the real MNIST or starts a
+process fails at once and says which tier it belongs to.
+"""
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def mnist_dir():
+    pytest.fail("unit tests use synthetic data (synthetic_records); real MNIST is for tests/integration")
+
+
+@pytest.fixture(autouse=True)
+def _no_subprocess(monkeypatch):
+    def refuse(*a, **k):
+        raise AssertionError("unit tests start no process: move this test to tests/integration")
+
+    monkeypatch.setattr(subprocess, "Popen", refuse)
