@@ -86,16 +86,30 @@ def test_stream_loader_matches_resident_and_reports_the_queue(mnist_records):
     rec = open_records(mnist_records)
     a = make_loader(rec, "val", batch_size=500, seed=2, resident="yes")
     b = make_loader(rec, "val", batch_size=500, seed=2, resident="no")
-    assert isinstance(b, StreamLoader)
-    for (xa, ya), (xb, yb) in zip(a, b):
-        # the stream loader reads each batch in sorted index order: compare as sets of rows
-        oa, ob = torch.argsort(ya * 10**6 + xa.flatten(1).sum(1).argsort()), None
-        assert sorted(ya.tolist()) == sorted(yb.tolist())
-        assert torch.allclose(xa.sum(), xb.sum(), rtol=1e-4)
+    assert isinstance(a, ResidentLoader) and isinstance(b, StreamLoader) and b.queued
+    ra, rb = list(a), list(b)
+    assert len(ra) == len(rb) == len(a) == 10  # never two empty loaders agreeing
+    for (xa, ya), (xb, yb) in zip(ra, rb):  # the same images, labels and order: the same batch
+        assert torch.equal(ya, yb) and torch.equal(xa, xb)
     slow = make_loader(rec, "val", batch_size=500, resident="no", delay_s=0.02)
-    for _ in slow:
-        pass
+    assert sum(1 for _ in slow) == 10
     assert slow.stats.wait_s >= 0.15  # the consumer waited on the slow reader
+
+
+def test_stream_loader_augments_like_the_resident_one(mnist_records):
+    """The bug this catches: the stream loader once ignored --augment without a word."""
+    rec = open_records(mnist_records)
+    plain = make_loader(rec, "train", batch_size=512, seed=7, resident="yes")
+    a = make_loader(rec, "train", batch_size=512, seed=7, resident="yes", augment=True)
+    b = make_loader(rec, "train", batch_size=512, seed=7, resident="no", augment=True)
+    for L in (plain, a, b):
+        L.set_epoch(1, start_batch=100)  # a resumed epoch: the last 8 batches
+    rp, ra, rb = list(plain), list(a), list(b)
+    assert len(rp) == len(ra) == len(rb) == 8
+    for (xp, yp), (xa, ya), (xb, yb) in zip(rp, ra, rb):
+        assert torch.equal(ya, yb) and torch.equal(yp, ya)
+        assert torch.equal(xa, xb)  # the same augmentation, whatever the source
+        assert (xa - xp).abs().mean() > 0.05  # and it is augmented
 
 
 def test_augment_keeps_shapes_and_changes_pixels(mnist_records):

@@ -1,11 +1,14 @@
 """Batches from records, fast enough that the model never waits.
 
-Two loaders, one interface (``__len__``, ``__iter__``, ``set_epoch``, ``stats``):
+One loader (``__len__``, ``__iter__``, ``set_epoch``, ``stats``), two sources of uint8 batches,
+and one ``BatchTransform`` (augment, normalize, memory format) applied to both:
 
 * ``ResidentLoader``: the whole uint8 split lives on the training device; each batch is
   gathered, converted and normalized there (no per-sample Python, no worker processes).
 * ``StreamLoader``: for splits that do not fit in memory; a background thread reads batches
   from the memory map into a bounded queue.
+
+``make_loader`` picks the source: resident when the split fits in half the free memory.
 
 The order of every epoch is a pure function of (seed, epoch, rank), so resuming needs only
 the epoch and the step within it.
@@ -21,6 +24,8 @@ import numpy as np
 import torch
 
 from mnistflow.core.errors import MnistflowError
+from mnistflow.data.augment import augment_batch, skip_batches
+from mnistflow.data.normalize import Normalizer, normalize
 
 
 @dataclass
@@ -58,39 +63,64 @@ def epoch_order(n: int, seed: int, epoch: int, rank: int = 0, world_size: int = 
     return perm
 
 
-class ResidentLoader:
-    """Batches gathered from a device-resident uint8 split, normalized on the device."""
+class BatchTransform:
+    """The one transform every batch goes through, whatever its source: uint8 (N, C, H, W) on
+    the device -> float, augmented (training), normalized, in the model's memory format and
+    dtype."""
+
+    def __init__(self, mean, std, device: torch.device, *, augment: bool = False,
+                 channels_last: bool = False, dtype: torch.dtype = torch.float32):
+        self.normalizer = Normalizer(mean, std, device)
+        self.augment, self.channels_last, self.dtype = augment, channels_last, dtype
+        self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
+
+    def __call__(self, xb: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+        xb = xb.to(torch.float32)
+        if self.augment:
+            xb = augment_batch(xb, gen)
+        xb = self.normalizer(xb).contiguous(memory_format=self.memory_format)
+        return xb if self.dtype == torch.float32 else xb.to(self.dtype)
+
+
+class Loader:
+    """Batches of one split: a source of uint8 batches (``ResidentLoader``: the split on the
+    device; ``StreamLoader``: a reader thread over the memory map) and one ``BatchTransform``.
+
+    ``x`` is the split's images (N, H, W, C) uint8, or a list of them: the original and its
+    augmented copies (``prep --variants``), one per epoch in turn. Both sources visit the same
+    indices in the same order and draw the same augmentation, so they give the same batches.
+    """
+
+    queued = False  # True when batches wait in a queue (the starvation meter reads it)
 
     def __init__(self, x: np.ndarray | list[np.ndarray], y: np.ndarray, *, batch_size: int,
                  mean, std, device: torch.device | str = "cpu", shuffle: bool = True,
                  seed: int = 0, drop_last: bool = False, rank: int = 0, world_size: int = 1,
                  channels_last: bool = False, augment: bool = False,
                  dtype: torch.dtype = torch.float32, pad: bool = True):
-        self.device = torch.device(device)
-        # One resident copy per variant (variant 0 = the original images), NCHW uint8.
-        xs = x if isinstance(x, list) else [x]
-        self.xs = [self._to_device(a, channels_last) for a in xs]
-        self.y = torch.as_tensor(np.asarray(y), dtype=torch.int64).to(self.device)
-        self.n = len(self.y)
         if batch_size <= 0:
             raise MnistflowError(f"batch size must be positive, got {batch_size}")
+        self.device = torch.device(device)
+        self.y_np = np.asarray(y)
+        self.n = len(self.y_np)
         self.batch_size = batch_size
-        c = self.xs[0].shape[1]
-        self.mean = torch.tensor(mean, dtype=torch.float32, device=self.device).view(1, c, 1, 1)
-        self.inv_std = 1.0 / torch.tensor(std, dtype=torch.float32, device=self.device).view(1, c, 1, 1)
         self.shuffle, self.seed, self.drop_last = shuffle, seed, drop_last
         self.rank, self.world_size, self.pad = rank, world_size, pad
-        self.channels_last, self.augment, self.dtype = channels_last, augment, dtype
+        self.channels_last, self.augment = channels_last, augment
+        self.transform = BatchTransform(mean, std, self.device, augment=augment,
+                                        channels_last=channels_last, dtype=dtype)
         self.epoch, self.start_batch = 0, 0
         self.stats = LoaderStats()
         self._aug_gen = torch.Generator()
+        self._setup(x if isinstance(x, list) else [x])
 
-    def _to_device(self, a: np.ndarray, channels_last: bool) -> torch.Tensor:
-        t = torch.from_numpy(np.array(a, copy=True))  # (N, H, W, C): a private copy out of the mmap
-        t = t.permute(0, 3, 1, 2)  # NCHW view whose memory is NHWC, i.e. channels_last
-        if not channels_last:
-            t = t.contiguous()
-        return t.to(self.device, non_blocking=True)
+    def _setup(self, xs: list[np.ndarray]) -> None:
+        raise NotImplementedError
+
+    def _batches(self, variant: int, order: torch.Tensor):
+        """Yield this epoch's (uint8 (B, C, H, W) images, int64 labels), both on the device,
+        from ``self.start_batch`` on."""
+        raise NotImplementedError
 
     def set_epoch(self, epoch: int, start_batch: int = 0) -> None:
         """Select the epoch's order; ``start_batch`` skips batches already trained (resume)."""
@@ -110,123 +140,126 @@ class ResidentLoader:
         return m // self.batch_size if self.drop_last else -(-m // self.batch_size)
 
     def __iter__(self):
-        x = self.xs[self.epoch % len(self.xs)]
         order = epoch_order(self.n, self.seed, self.epoch, self.rank, self.world_size,
-                            self.shuffle, self.drop_last, self.pad).to(self.device)
-        # Each rank its own augmentation stream (rank 0's is the single process's).
-        self._aug_gen.manual_seed(self.seed * 7919 + self.epoch + self.rank * 1_000_000_007)
-        if self.start_batch and self.augment:  # keep the augmentation stream aligned on resume
-            from mnistflow.data.augment import skip_batches
+                            self.shuffle, self.drop_last, self.pad)
+        gen = self._aug_gen
+        if self.augment:
+            # Each rank its own augmentation stream (rank 0's is the single process's).
+            gen.manual_seed(self.seed * 7919 + self.epoch + self.rank * 1_000_000_007)
+            if self.start_batch:  # keep the augmentation stream aligned on resume
+                skip_batches(gen, self.start_batch, self.batch_size, self.transform.normalizer.channels)
+        batches = self._batches(self.epoch % self.copies, order)
+        try:
+            while True:
+                t0 = time.perf_counter()
+                item = next(batches, None)
+                if item is None:
+                    break
+                xb = self.transform(item[0], gen)
+                self.stats.wait_s += time.perf_counter() - t0
+                self.stats.batches += 1
+                yield xb, item[1]
+        finally:
+            batches.close()
+            self.start_batch = 0
 
-            skip_batches(self._aug_gen, self.start_batch, self.batch_size, x.shape[1])
-        nb, bs = len(self), self.batch_size
-        for b in range(self.start_batch, nb):
-            t0 = time.perf_counter()
+
+class ResidentLoader(Loader):
+    """The whole uint8 split (and its variants) lives on the training device; each batch is
+    gathered, converted and normalized there (no per-sample Python, no worker processes)."""
+
+    def _setup(self, xs: list[np.ndarray]) -> None:
+        self.xs = [self._to_device(a) for a in xs]
+        self.copies = len(self.xs)  # the original + its augmented copies
+        self.y = torch.as_tensor(self.y_np, dtype=torch.int64).to(self.device)
+
+    def _to_device(self, a: np.ndarray) -> torch.Tensor:
+        t = torch.from_numpy(np.array(a, copy=True))  # (N, H, W, C): a private copy out of the mmap
+        t = t.permute(0, 3, 1, 2)  # NCHW view whose memory is NHWC, i.e. channels_last
+        if not self.channels_last:
+            t = t.contiguous()
+        return t.to(self.device, non_blocking=True)
+
+    def _batches(self, variant: int, order: torch.Tensor):
+        x, bs = self.xs[variant], self.batch_size
+        order = order.to(self.device)
+        for b in range(self.start_batch, len(self)):
             idx = order[b * bs:(b + 1) * bs]
-            xb = x.index_select(0, idx).to(torch.float32)
-            if self.augment:
-                from mnistflow.data.augment import augment_batch
-
-                xb = augment_batch(xb, self._aug_gen)
-            xb = xb.sub_(self.mean).mul_(self.inv_std)
-            if self.channels_last:
-                xb = xb.contiguous(memory_format=torch.channels_last)
-            if self.dtype != torch.float32:
-                xb = xb.to(self.dtype)
-            yb = self.y.index_select(0, idx)
-            self.stats.wait_s += time.perf_counter() - t0
-            self.stats.batches += 1
-            yield xb, yb
-        self.start_batch = 0
+            yield x.index_select(0, idx), self.y.index_select(0, idx)
 
 
-class StreamLoader:
-    """Batches read from the memory map by a background thread into a bounded queue."""
+class StreamLoader(Loader):
+    """For splits that do not fit in memory: a background thread reads each batch from the
+    memory map into a bounded queue (``prefetch`` batches ahead)."""
 
-    def __init__(self, x: np.ndarray, y: np.ndarray, *, batch_size: int, mean, std,
-                 device: torch.device | str = "cpu", shuffle: bool = True, seed: int = 0,
-                 drop_last: bool = False, rank: int = 0, world_size: int = 1,
-                 channels_last: bool = False, prefetch: int = 4, delay_s: float = 0.0,
-                 pad: bool = True):
-        self.x, self.y = x, np.asarray(y)
-        self.device = torch.device(device)
-        self.batch_size, self.shuffle, self.seed, self.drop_last = batch_size, shuffle, seed, drop_last
-        self.rank, self.world_size, self.pad, self.channels_last = rank, world_size, pad, channels_last
+    queued = True
+
+    def __init__(self, x, y, *, prefetch: int = 4, delay_s: float = 0.0, **kw):
         self.prefetch, self.delay_s = prefetch, delay_s  # delay_s: an injected slow reader (tests)
-        c = x.shape[-1]
-        self.mean = torch.tensor(mean, dtype=torch.float32, device=self.device).view(1, c, 1, 1)
-        self.inv_std = 1.0 / torch.tensor(std, dtype=torch.float32, device=self.device).view(1, c, 1, 1)
-        self.n = len(self.y)
-        self.epoch, self.start_batch = 0, 0
-        self.stats = LoaderStats()
+        super().__init__(x, y, **kw)
 
-    set_epoch = ResidentLoader.set_epoch
-    _num_samples = ResidentLoader._num_samples
-    __len__ = ResidentLoader.__len__
+    def _setup(self, xs: list[np.ndarray]) -> None:
+        self.xs, self.copies = xs, len(xs)
+        self.y = self.y_np
 
-    def _produce(self, order: np.ndarray, q: queue.Queue, stop: threading.Event) -> None:
+    def _produce(self, x: np.ndarray, order: np.ndarray, q: queue.Queue, stop: threading.Event) -> None:
+        def put(item) -> bool:  # False once the consumer has gone: never block on a full queue
+            while not stop.is_set():
+                try:
+                    q.put(item, timeout=0.1)
+                    return True
+                except queue.Full:
+                    continue
+            return False
+
         bs = self.batch_size
         try:
             for b in range(self.start_batch, len(self)):
-                idx = np.sort(order[b * bs:(b + 1) * bs])  # sorted reads are kinder to the page cache
-                xb = torch.from_numpy(np.ascontiguousarray(self.x[idx]))
+                idx = order[b * bs:(b + 1) * bs]
+                # Read in sorted index order (kinder to the page cache), keep the epoch's order.
+                by_index = np.argsort(idx, kind="stable")
+                rows = x[idx[by_index]]
+                xa = np.empty_like(rows)
+                xa[by_index] = rows
+                xb = torch.from_numpy(xa)
                 yb = torch.from_numpy(self.y[idx].astype(np.int64))
                 if self.device.type == "cuda":  # page-locked: the copy below is truly asynchronous
                     xb, yb = xb.pin_memory(), yb.pin_memory()
                 if self.delay_s:
                     time.sleep(self.delay_s)
-                while not stop.is_set():
-                    try:
-                        q.put((xb, yb), timeout=0.1)
-                        break
-                    except queue.Full:
-                        continue
-                if stop.is_set():
+                if not put((xb, yb)):
                     return
-            q.put(None)
+            put(None)
         except BaseException as e:  # surfaced in the consumer
-            q.put(e)
+            put(e)
 
-    def __iter__(self):
-        order = epoch_order(self.n, self.seed, self.epoch, self.rank, self.world_size,
-                            self.shuffle, self.drop_last, self.pad).numpy()
+    def _batches(self, variant: int, order: torch.Tensor):
         q: queue.Queue = queue.Queue(maxsize=self.prefetch)
         stop = threading.Event()
-        th = threading.Thread(target=self._produce, args=(order, q, stop), daemon=True)
+        th = threading.Thread(target=self._produce, args=(self.xs[variant], order.numpy(), q, stop),
+                              daemon=True)
         th.start()
         try:
             while True:
-                t0 = time.perf_counter()
                 self.stats.queue_depth = q.qsize()
                 item = q.get()
                 if item is None:
-                    break
+                    return
                 if isinstance(item, BaseException):
                     raise item
                 xb, yb = item
-                xb = xb.to(self.device, non_blocking=True).permute(0, 3, 1, 2).float()
-                xb = xb.sub_(self.mean).mul_(self.inv_std)
-                xb = xb.contiguous(memory_format=torch.channels_last if self.channels_last
-                                   else torch.contiguous_format)
-                self.stats.wait_s += time.perf_counter() - t0
-                self.stats.batches += 1
-                yield xb, yb.to(self.device, non_blocking=True)
+                yield (xb.to(self.device, non_blocking=True).permute(0, 3, 1, 2),
+                       yb.to(self.device, non_blocking=True))
         finally:
             stop.set()
             th.join(timeout=5)
-            self.start_batch = 0
 
 
 def normalized_batch(images: np.ndarray, mean, std, device: torch.device | str = "cpu",
                      channels_last: bool = False) -> torch.Tensor:
-    """uint8 images (N, H, W, C) as the normalized float32 batch (N, C, H, W) models take,
-    the way the loaders make each batch (``mean``/``std`` per channel, in 0..255 units)."""
-    x = torch.from_numpy(np.array(images)).to(device).permute(0, 3, 1, 2).float()  # a copy: mmaps are read-only
-    c = x.shape[1]
-    mean = torch.as_tensor(mean, dtype=torch.float32, device=x.device).view(1, c, 1, 1)
-    std = torch.as_tensor(std, dtype=torch.float32, device=x.device).view(1, c, 1, 1)
-    return ((x - mean) / std).contiguous(memory_format=torch.channels_last if channels_last
-                                         else torch.contiguous_format)
+    """Deprecated name of :func:`mnistflow.data.normalize.normalize` (kept for callers that
+    have not moved yet)."""
+    return normalize(images, mean, std, device, channels_last=channels_last)
 
 
 def fits_in_memory(nbytes: int, device: torch.device) -> bool:
@@ -259,4 +292,4 @@ def make_loader(rec, split: str, *, batch_size: int, device: torch.device | str 
                   world_size=world_size, channels_last=channels_last, pad=pad)
     if resident == "yes":
         return ResidentLoader(xs, y, augment=augment, **common)
-    return StreamLoader(x, y, delay_s=delay_s, **common)
+    return StreamLoader(xs, y, augment=augment, delay_s=delay_s, **common)

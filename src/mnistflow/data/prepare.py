@@ -1,7 +1,13 @@
-"""``mnistflow prep``: raw data -> a record set, once.
+"""``mnistflow prep``: raw data -> a record set, once; and ``open_data``, the one place that
+turns "a records directory or any raw input" into opened records.
 
     mnistflow prep mnist --out data/mnist            # known dataset (local files or download)
     mnistflow prep --data ./my_digits --out data/mine # folder / IDX / CSV / npz / TFRecord
+
+    rec = open_data("data/mnist")            # a records directory: opened (checksums verified)
+    rec = open_data("./my_digits.csv")       # raw input: prepared into the cache once, then opened
+    rec = open_data("fashion-mnist")         # a known dataset's name
+    rec = open_data(None, fallback=info.records)  # a model's own training records
 """
 from __future__ import annotations
 
@@ -11,7 +17,7 @@ import os
 from pathlib import Path
 
 from mnistflow.data import datasets
-from mnistflow.data.records import read_meta, write_records
+from mnistflow.data.records import Records, open_records, read_meta, write_records
 from mnistflow.data.formats.raw import RawDataset
 from mnistflow.data.sources import detect_format, locate_known, read_known, read_source
 from mnistflow.core.paths import home
@@ -45,12 +51,16 @@ def _source_files(dataset: str | None, data: Path | None) -> tuple[str, list[Pat
 
 
 def _resolve_input(dataset: str | None, data: Path | None) -> tuple[str | None, Path | None]:
-    """A bare name given as --data, or no input at all, means a known dataset."""
+    """A bare known name given as --data (and no such path), or no input at all
+    ($MNISTFLOW_DATA, else MNIST), means a known dataset."""
     if dataset is None and data is None:
         env = os.environ.get("MNISTFLOW_DATA")
         if env:
             return None, Path(env)
         return "mnist", None
+    if (dataset is None and data is not None and not data.exists() and len(data.parts) == 1
+            and datasets.lookup(str(data)) is not None):
+        return str(data), None
     return dataset, data
 
 
@@ -100,6 +110,33 @@ def prepare(dataset: str | None = None, data: str | Path | None = None,
               f" / {len(raw.test.y) if raw.test is not None else 0:,} test"
               + (f" + {variants} augmented copies" if variants else ""))
     return out
+
+
+_NONE = object()  # open_data's "no fallback given" (None is a model that recorded no records)
+
+
+def open_data(data: str | Path | Records | None = None, *, dataset: str | None = None,
+              fallback: str | Path | None = _NONE, verify: bool = True,  # type: ignore[assignment]
+              quiet: bool = True, **options) -> Records:
+    """Records from anything a user may pass as ``--data``: a records directory (opened as it
+    is; an opened ``Records`` comes back unchanged), raw input (an IDX folder, an image
+    folder, CSV, npz, TFRecord, CIFAR-10: prepared into the cache once, see :func:`prepare`)
+    or a known dataset's name; ``dataset`` names a known dataset whose files ``data`` holds.
+
+    With neither ``data`` nor ``dataset``: ``$MNISTFLOW_DATA``, else MNIST; or, when a
+    ``fallback`` is given (the records a model was trained on, ``ModelInfo.records``), that
+    records directory, and an error asking for ``--data`` when it is unknown or gone.
+    ``options`` go to :func:`prepare` (``val_size``, ``seed``, ``variants``, ``resize``,
+    ``tfrecord_keys``, ``force``); ``verify=False`` skips the records' checksums.
+    """
+    if isinstance(data, Records):
+        return data
+    if data is None and dataset is None and fallback is not _NONE:
+        if not fallback or not Path(fallback).is_dir():
+            raise MnistflowError("the model's training records are gone; pass --data RECORDS_OR_RAW",
+                                 fallback or None)
+        return open_records(fallback, verify_checksums=verify)
+    return open_records(prepare(dataset, data, quiet=quiet, **options), verify_checksums=verify)
 
 
 def _is_our_cache(out: Path) -> bool:

@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
+from helpers import tfrecord_writer as W
 from mnistflow.data.formats import tfrecord as T
 from mnistflow.data.formats.cifar import read_cifar10, safe_unpickle
 from mnistflow.data.formats.csv import read_csv
@@ -47,14 +48,14 @@ def seeds(mnist_dir):
         npz[name] = b.getvalue()
     png = io.BytesIO()
     Image.fromarray(x[0, ..., 0]).save(png, format="PNG")
-    examples = [T.encode_example({"image": img.tobytes(), "label": int(lab), "height": 28,
+    examples = [W.encode_example({"image": img.tobytes(), "label": int(lab), "height": 28,
                                   "width": 28, "depth": 1}) for img, lab in zip(x, y)]
-    png_example = T.encode_example({"image": png.getvalue(), "label": 3})
+    png_example = W.encode_example({"image": png.getvalue(), "label": 3})
     batch = {b"data": np.random.default_rng(0).integers(0, 256, (2, 3072), dtype=np.uint8),
              b"labels": [1, 7], b"batch_label": b"b"}
     return {"idx_images": idx_images, "idx_labels": idx_labels, "csv": csv.encode(),
             "npz": npz, "png": png.getvalue(), "examples": examples + [png_example],
-            "tfrecord": T.frame(examples + [png_example]),
+            "tfrecord": W.frame(examples + [png_example]),
             "pickle": pickle.dumps(batch, protocol=2)}
 
 
@@ -176,7 +177,7 @@ def test_tfrecord_examples(seeds, work):
         ex = data.draw(st.sampled_from(seeds["examples"]))
         blob = data.draw(inputs(ex))
         parses_or_fails(T.parse_example, blob)
-        (work / "b.tfrecord").write_bytes(T.frame([ex, blob]))
+        (work / "b.tfrecord").write_bytes(W.frame([ex, blob]))
         parses_or_fails(T.read_tfrecord_dataset, work / "b.tfrecord")
 
     run()

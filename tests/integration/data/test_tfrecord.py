@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from helpers.cli import assert_one_line_error, run_cli
+from helpers import tfrecord_writer as W
 from mnistflow.data.formats import tfrecord as T
 from mnistflow.data.formats.idx import read_idx_pair
 from mnistflow.data.sources import detect_format, read_source
@@ -50,7 +51,7 @@ def test_framing_interoperates_with_tensorboard(tmp_path):
 
     records = [os.urandom(n) for n in (0, 1, 100, 5000)]
     ours = tmp_path / "ours.tfrecord"
-    ours.write_bytes(T.frame(records))
+    ours.write_bytes(W.frame(records))
     reader = pw.PyRecordReader_New(str(ours))
     got = []
     while True:
@@ -136,7 +137,7 @@ def test_example_decoding_matches_protobuf(syntax, packed):
 
 def test_example_encoding_parses_with_protobuf():
     Example = _example_class("proto3", True)
-    data = T.encode_example({"image": b"\x89PNG...", "label": 3, "vals": [1, -5, 2**50],
+    data = W.encode_example({"image": b"\x89PNG...", "label": 3, "vals": [1, -5, 2**50],
                              "f": [0.25, 3.0], "raw": np.arange(5)})
     ex = Example.FromString(data)
     f = ex.features.feature
@@ -153,7 +154,7 @@ def test_example_encoding_parses_with_protobuf():
                                            ("png", ".tfrecord.gz"), ("raw", ".tfrecords")])
 def test_round_trip(tmp_path, mnist_dir, encode, suffix):
     x, y = digits(mnist_dir)
-    p = T.write_tfrecord(tmp_path / f"digits{suffix}", x, y, encode=encode)
+    p = W.write_tfrecord(tmp_path / f"digits{suffix}", x, y, encode=encode)
     assert detect_format(p) == "tfrecord"
     raw = read_source(p)
     np.testing.assert_array_equal(raw.train.x, x)
@@ -168,7 +169,7 @@ def test_gzip_without_gz_suffix_and_rgb(tmp_path):
     rng = np.random.default_rng(3)
     x = rng.integers(0, 256, (5, 6, 7, 3), dtype=np.uint8)
     y = np.array([0, 1, 2, 1, 0])
-    p = T.write_tfrecord(tmp_path / "c.tfrecord.gz", x, y)
+    p = W.write_tfrecord(tmp_path / "c.tfrecord.gz", x, y)
     plain = tmp_path / "c2.tfrecord"  # TF's GZIP option, file named without .gz
     plain.write_bytes(p.read_bytes())
     raw = T.read_tfrecord_dataset(plain)
@@ -177,10 +178,10 @@ def test_gzip_without_gz_suffix_and_rgb(tmp_path):
 
 def test_folder_with_test_split_and_keys(tmp_path, mnist_dir):
     x, y = digits(mnist_dir, 40)
-    T.write_tfrecord(tmp_path / "train-00000-of-00002.tfrecord", x[:15], y[:15], "img", "cls")
-    T.write_tfrecord(tmp_path / "train-00001-of-00002.tfrecord", x[15:30], y[15:30], "img", "cls",
+    W.write_tfrecord(tmp_path / "train-00000-of-00002.tfrecord", x[:15], y[:15], "img", "cls")
+    W.write_tfrecord(tmp_path / "train-00001-of-00002.tfrecord", x[15:30], y[15:30], "img", "cls",
                      encode="raw")
-    T.write_tfrecord(tmp_path / "test.tfrecord", x[30:], y[30:], "img", "cls")
+    W.write_tfrecord(tmp_path / "test.tfrecord", x[30:], y[30:], "img", "cls")
     assert detect_format(tmp_path) == "tfrecord"
     raw = T.read_tfrecord_dataset(tmp_path, image_key="img", label_key="cls")
     np.testing.assert_array_equal(raw.train.x, x[:30])
@@ -193,11 +194,11 @@ def test_folder_with_test_split_and_keys(tmp_path, mnist_dir):
 
 def test_pixel_list_and_inferred_shape(tmp_path, mnist_dir):
     x, y = digits(mnist_dir, 3)
-    recs = [T.encode_example({"image": img.ravel().tolist(), "label": int(lab)})
+    recs = [W.encode_example({"image": img.ravel().tolist(), "label": int(lab)})
             for img, lab in zip(x, y)]
-    recs.append(T.encode_example({"image": x[0].tobytes(), "label": 1}))  # raw, no height/width
+    recs.append(W.encode_example({"image": x[0].tobytes(), "label": 1}))  # raw, no height/width
     p = tmp_path / "list.tfrecord"
-    p.write_bytes(T.frame(recs))
+    p.write_bytes(W.frame(recs))
     raw = T.read_tfrecord_dataset(p)
     np.testing.assert_array_equal(raw.train.x, np.concatenate([x, x[:1]]))
 
@@ -205,8 +206,8 @@ def test_pixel_list_and_inferred_shape(tmp_path, mnist_dir):
 def test_resize(tmp_path):
     a = np.zeros((2, 10, 10, 1), np.uint8)
     b = np.full((2, 12, 8, 1), 200, np.uint8)
-    p1 = T.write_tfrecord(tmp_path / "a.tfrecord", a, [0, 1])
-    (tmp_path / "b.tfrecord").write_bytes(p1.read_bytes() + T.write_tfrecord(tmp_path / "x.tfr", b, [1, 0]).read_bytes())
+    p1 = W.write_tfrecord(tmp_path / "a.tfrecord", a, [0, 1])
+    (tmp_path / "b.tfrecord").write_bytes(p1.read_bytes() + W.write_tfrecord(tmp_path / "x.tfr", b, [1, 0]).read_bytes())
     with pytest.raises(MnistflowError) as e:
         T.read_tfrecord_dataset(tmp_path / "b.tfrecord")
     assert "record 2" in str(e.value) and "12x8" in str(e.value) and "10x10" in str(e.value)
@@ -236,7 +237,7 @@ def _offsets(data: bytes) -> list[int]:
 
 def test_corruption_names_file_and_record(tmp_path, mnist_dir):
     x, y = digits(mnist_dir, 6)
-    good = T.write_tfrecord(tmp_path / "good.tfrecord", x, y).read_bytes()
+    good = W.write_tfrecord(tmp_path / "good.tfrecord", x, y).read_bytes()
     offs = _offsets(good)
 
     data = bytearray(good)
@@ -270,8 +271,8 @@ def test_corruption_names_file_and_record(tmp_path, mnist_dir):
 def test_bad_examples(tmp_path):
     def one(name, feats):
         p = tmp_path / name
-        p.write_bytes(T.frame([T.encode_example({"image": bytes(16), "label": 1}),
-                               T.encode_example(feats)]))
+        p.write_bytes(W.frame([W.encode_example({"image": bytes(16), "label": 1}),
+                               W.encode_example(feats)]))
         return p
 
     _err(one("nolabel.tfrecord", {"image": bytes(16)}), "record 1", "'label'")
@@ -283,7 +284,7 @@ def test_bad_examples(tmp_path):
     _err(one("png.tfrecord", {"image": b"\x89PNG\r\n\x1a\nbroken", "label": 0}), "record 1", "image")
     _err(one("pixels.tfrecord", {"image": [0.5] * 16, "label": 0}), "record 1", "0..255")
     p = tmp_path / "proto.tfrecord"
-    p.write_bytes(T.frame([b"\x0a\x05\x0a\x03\x0a"]))  # truncated nested message
+    p.write_bytes(W.frame([b"\x0a\x05\x0a\x03\x0a"]))  # truncated nested message
     _err(p, "record 0", "tf.train.Example")
 
 
@@ -293,8 +294,8 @@ def test_cli_prep_and_records(tmp_path, mnist_dir):
     x, y = digits(mnist_dir, 30)
     d = tmp_path / "tfr"
     d.mkdir()
-    T.write_tfrecord(d / "train.tfrecord", x[:20], y[:20], "image/encoded", "image/class/label")
-    T.write_tfrecord(d / "test.tfrecord.gz", x[20:], y[20:], "image/encoded", "image/class/label")
+    W.write_tfrecord(d / "train.tfrecord", x[:20], y[:20], "image/encoded", "image/class/label")
+    W.write_tfrecord(d / "test.tfrecord.gz", x[20:], y[20:], "image/encoded", "image/class/label")
     out = tmp_path / "rec"
     p = run_cli("prep", "--data", str(d), "--out", str(out), "--val-size", "5",
                 "--image-key", "image/encoded", "--label-key", "image/class/label")
@@ -306,7 +307,7 @@ def test_cli_prep_and_records(tmp_path, mnist_dir):
 
 def test_cli_corrupt_record(tmp_path, mnist_dir):
     x, y = digits(mnist_dir, 10)
-    p = T.write_tfrecord(tmp_path / "bad.tfrecord", x, y)
+    p = W.write_tfrecord(tmp_path / "bad.tfrecord", x, y)
     data = bytearray(p.read_bytes())
     data[_offsets(bytes(data))[7] + 40] ^= 0xFF
     p.write_bytes(data)

@@ -1,0 +1,290 @@
+"""The report's figures: one function per PNG, each returning the PNG's bytes.
+
+matplotlib is optional (``pip install 'mnistflow[report]'``) and imported only here; figures
+are made with ``matplotlib.figure.Figure`` and saved by the Agg renderer: no display, no
+pyplot state, and the backend of a notebook or script that calls ``report`` is left alone.
+"""
+from __future__ import annotations
+
+import io
+import math
+
+import numpy as np
+
+from mnistflow.reporting.run import RunLog, SplitPredictions
+
+DPI = 100
+# name -> (width, height) in inches; at DPI the PNGs have exactly these sizes x 100 pixels.
+FIGSIZES: dict[str, tuple[float, float]] = {
+    "loss.png": (9, 4.5),
+    "accuracy.png": (9, 4.5),
+    "lr.png": (9, 3.5),
+    "throughput.png": (9, 5.5),
+    "confusion.png": (7.5, 6.5),
+    "misclassified.png": (9, 7),
+    "per_class.png": (9, 4),
+}
+COMPARE_FIGSIZE = (11, 8)
+PLOT_SIZES = {k: (round(w * DPI), round(h * DPI)) for k, (w, h) in FIGSIZES.items()}
+COMPARE_SIZE = (round(COMPARE_FIGSIZE[0] * DPI), round(COMPARE_FIGSIZE[1] * DPI))
+GRID = (5, 8)  # rows x columns of the misclassified grid: the 40 most confident mistakes
+TRAIN_COLOR, VAL_COLOR, TEST_COLOR = "#9bb7d4", "#d9480f", "#2b8a3e"
+
+
+def require_matplotlib():
+    """matplotlib, or a one-line error saying what to install. Figures are made with
+    ``matplotlib.figure.Figure`` and saved by the Agg renderer: no display, no pyplot state,
+    and the backend of a notebook or script that calls ``report`` is left alone."""
+    from mnistflow.artifacts.model_file import import_optional
+
+    return import_optional("matplotlib", "report")
+
+
+def _figure(size: tuple[float, float]):
+    from matplotlib.figure import Figure
+
+    return Figure(figsize=size, dpi=DPI, layout="constrained")
+
+
+def _png(fig) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=DPI, metadata={"Software": None})
+    return buf.getvalue()
+
+
+def _no_data(ax, what: str) -> None:
+    ax.text(0.5, 0.5, f"no {what} in metrics.jsonl", ha="center", va="center",
+            transform=ax.transAxes, color="0.4")
+
+
+def _col(rows: list[dict], key: str) -> tuple[list[int], list[float]]:
+    pts = [(r["step"], r[key]) for r in rows if isinstance(r.get(key), (int, float))
+           and math.isfinite(r[key])]
+    return [s for s, _ in pts], [v for _, v in pts]
+
+
+def _log_y(ax, values: list[float]) -> None:
+    """A log y axis labelled 0.05, 0.1, 0.2 rather than 5x10^-2; 2, 3, 5 x 10^k in between
+    when the values span two decades or less."""
+    from matplotlib.ticker import FuncFormatter, NullFormatter
+
+    ax.set_yscale("log")
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    if math.log10(max(values) / min(values)) <= 2:
+        def minor(v, _):
+            lead = v / 10 ** math.floor(math.log10(v) + 1e-9)
+            return f"{v:g}" if round(lead) in (2, 3, 5) and abs(lead - round(lead)) < 1e-6 else ""
+
+        ax.yaxis.set_minor_formatter(FuncFormatter(minor))
+    else:
+        ax.yaxis.set_minor_formatter(NullFormatter())
+
+
+def _acc_floor(values: list[float]) -> float:
+    """A lower y limit that shows where accuracy ends up, not the first minutes at 10%."""
+    if not values:
+        return 0.0
+    lo = float(np.percentile(values, 10))
+    return max(0.0, min(lo, min(values[-3:])) - 2.0)
+
+
+def plot_curve(run: RunLog, key: str) -> bytes:
+    """Training (per log interval, noisy) and validation (whole split) ``loss`` or ``acc``."""
+    scale = 100.0 if key == "acc" else 1.0
+    fig = _figure(FIGSIZES["accuracy.png" if key == "acc" else "loss.png"])
+    ax = fig.add_subplot()
+    ts, tv = _col(run.train, key)
+    vs, vv = _col(run.val, key)
+    es, ev = _col(run.test, key)
+    if ts:
+        ax.plot(ts, [v * scale for v in tv], color=TRAIN_COLOR, lw=1.2, label="training (batches of each log interval)")
+    if vs:
+        ax.plot(vs, [v * scale for v in vv], "o-", color=VAL_COLOR, lw=2, ms=4, label="validation (whole split)")
+    if es:
+        ax.plot(es, [v * scale for v in ev], "*", color=TEST_COLOR, ms=12,
+                label=f"test: {ev[-1] * scale:.2f}%" if key == "acc" else f"test: {ev[-1]:.4f}")
+    if not (ts or vs or es):
+        _no_data(ax, key)
+    ax.set_xlabel("step")
+    if key == "acc":
+        ax.set_ylabel("accuracy (%)")
+        ax.set_ylim(_acc_floor([v * scale for v in tv + vv + ev]), 100.5)
+        ax.set_title("Accuracy")
+    else:
+        ax.set_ylabel("cross-entropy loss")
+        if all(v > 0 for v in tv + vv + ev) and len(tv + vv + ev) > 1:
+            _log_y(ax, tv + vv + ev)
+        ax.set_title("Loss")
+    ax.grid(alpha=0.3, which="both")
+    if ts or vs or es:
+        ax.legend(loc="best")
+    return _png(fig)
+
+
+def plot_lr(run: RunLog) -> bytes:
+    fig = _figure(FIGSIZES["lr.png"])
+    ax = fig.add_subplot()
+    s, v = _col(run.train, "lr")
+    if s:
+        ax.plot(s, v, color="#5f3dc4", lw=2)
+        ax.ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))
+    else:
+        _no_data(ax, "learning rate")
+    sched = run.config.get("schedule")
+    ax.set_title("Learning rate" + (f" ({sched} schedule)" if sched else ""))
+    ax.set_xlabel("step")
+    ax.set_ylabel("learning rate")
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    return _png(fig)
+
+
+def plot_throughput(run: RunLog) -> bytes:
+    fig = _figure(FIGSIZES["throughput.png"])
+    top, bottom = fig.subplots(2, 1, sharex=True)
+    s, v = _col(run.train, "img_per_s")
+    if s:
+        top.plot(s, v, color="#1971c2", lw=1.5, label="per log interval")
+        avg = (run.summary or {}).get("img_per_s")
+        if avg:
+            top.axhline(avg, color="0.3", ls="--", lw=1, label=f"whole run: {avg:,.0f} img/s")
+        top.legend(loc="lower right")
+        top.set_ylim(bottom=0)
+    else:
+        _no_data(top, "throughput")
+    top.set_ylabel("images / s")
+    top.set_title("Throughput (intervals with an evaluation include its time)")
+    top.grid(alpha=0.3)
+    s, v = _col(run.train, "data_wait_frac")
+    if s:
+        bottom.plot(s, [100 * x for x in v], color="#e8590c", lw=1.5)
+        bottom.axhline(10, color="0.5", ls=":", lw=1, label="10%: the input pipeline is starving the model")
+        bottom.legend(loc="upper right")
+        bottom.set_ylim(0, max(15.0, 100 * max(v) * 1.15))
+    else:
+        _no_data(bottom, "data wait")
+    bottom.set_ylabel("waiting for data (%)")
+    bottom.set_xlabel("step")
+    bottom.grid(alpha=0.3)
+    return _png(fig)
+
+
+def plot_confusion(res: SplitPredictions) -> bytes:
+    from matplotlib.colors import LogNorm
+
+    cm = res.confusion
+    k = len(res.class_names)
+    fig = _figure(FIGSIZES["confusion.png"])
+    ax = fig.add_subplot()
+    shown = np.ma.masked_equal(cm, 0)
+    im = ax.imshow(shown, cmap="Blues", norm=LogNorm(vmin=1, vmax=max(int(cm.max()), 2)))
+    fig.colorbar(im, ax=ax, shrink=0.8, label="images (log scale)")
+    names = [n[:12] for n in res.class_names]
+    ax.set_xticks(range(k), names, rotation=45 if max(map(len, names)) > 2 else 0, ha="right"
+                  if max(map(len, names)) > 2 else "center")
+    ax.set_yticks(range(k), names)
+    ax.set_xlabel("predicted")
+    ax.set_ylabel("true")
+    ax.set_title(f"Confusion matrix: {res.model} on {res.split} ({len(res.labels):,} images, "
+                 f"{100 * res.acc:.2f}% correct)")
+    if k <= 20:
+        thresh = math.sqrt(max(int(cm.max()), 1))  # the middle of the log colour scale
+        for i in range(k):
+            for j in range(k):
+                if cm[i, j]:
+                    ax.text(j, i, str(cm[i, j]), ha="center", va="center", fontsize=8 if k <= 10 else 6,
+                            color="white" if cm[i, j] > thresh else ("#c92a2a" if i != j else "black"))
+    return _png(fig)
+
+
+def plot_misclassified(res: SplitPredictions) -> bytes:
+    """The most confident mistakes: image, true -> predicted label, the model's confidence."""
+    rows, cols = GRID
+    pred = res.pred
+    conf = res.probs.max(1) if len(res.probs) else np.zeros(0)
+    wrong = np.flatnonzero(pred != res.labels)
+    order = wrong[np.argsort(-conf[wrong], kind="stable")][: rows * cols]
+    fig = _figure(FIGSIZES["misclassified.png"])
+    shown = ("" if not len(order) else "; all of them" if len(order) == len(wrong)
+             else f"; the {len(order)} most confident")
+    fig.suptitle(f"{len(wrong):,} of {len(res.labels):,} {res.split} images misclassified{shown} "
+                 "(true \u2192 predicted, confidence)" if len(order) else
+                 f"{len(wrong):,} of {len(res.labels):,} {res.split} images misclassified", fontsize=11)
+    axes = fig.subplots(rows, cols)
+    names = res.class_names
+    short = max(map(len, names)) <= 3
+    for n, ax in enumerate(axes.flat):
+        ax.set_axis_off()
+        if n >= len(order):
+            continue
+        i = order[n]
+        img = res.images[i]
+        if img.shape[-1] == 1:
+            ax.imshow(img[..., 0], cmap="gray_r", vmin=0, vmax=255, interpolation="nearest")
+        else:
+            ax.imshow(img, interpolation="nearest")
+        true, said = names[res.labels[i]][:12], names[pred[i]][:12]
+        title = (f"{true} \u2192 {said}\n{100 * conf[i]:.0f}%" if short else
+                 f"{true}\n\u2192 {said} {100 * conf[i]:.0f}%")
+        ax.set_title(title, fontsize=8, color="#c92a2a" if conf[i] >= 0.9 else "black")
+    if not len(order):
+        fig.text(0.5, 0.5, "no mistakes on this split", ha="center", va="center", fontsize=14)
+    return _png(fig)
+
+
+def plot_per_class(res: SplitPredictions) -> bytes:
+    fig = _figure(FIGSIZES["per_class.png"])
+    ax = fig.add_subplot()
+    acc = 100 * res.per_class_acc
+    k = len(acc)
+    names = [n[:12] for n in res.class_names]
+    bars = ax.bar(range(k), acc, color=["#c92a2a" if a == acc.min() else "#1971c2" for a in acc])
+    ax.axhline(100 * res.acc, color="0.3", ls="--", lw=1)
+    if k <= 20:
+        ax.bar_label(bars, [f"{a:.1f}" for a in acc], fontsize=8, padding=2)
+    ax.set_xticks(range(k), names, rotation=45 if max(map(len, names)) > 2 else 0)
+    lo = float(acc.min()) if k else 0.0
+    ax.set_ylim(max(0.0, lo - max(3.0, (100 - lo) * 0.3)), 100.8)
+    ax.set_ylabel("accuracy (%)")
+    ax.set_title(f"Accuracy per class on {res.split} (dashed: all classes, {100 * res.acc:.2f}%)")
+    ax.grid(alpha=0.3, axis="y")
+    return _png(fig)
+
+
+def plot_compare(runs: list[RunLog]) -> bytes:
+    """Several runs' curves on one page, against epochs (runs differ in batch size)."""
+    import matplotlib as mpl
+
+    fig = _figure(COMPARE_FIGSIZE)
+    axes = fig.subplots(2, 2, sharex=True)
+    panels = [(axes[0, 0], "train", "loss", "training loss"), (axes[0, 1], "val", "loss", "validation loss"),
+              (axes[1, 0], "train", "acc", "training accuracy (%)"),
+              (axes[1, 1], "val", "acc", "validation accuracy (%)")]
+    colors = mpl.rcParams["axes.prop_cycle"].by_key()["color"]
+    for ax, kind, key, title in panels:
+        ys_all: list[float] = []
+        for n, run in enumerate(runs):
+            rows = getattr(run, kind)
+            pts = [r for r in rows if isinstance(r.get(key), (int, float)) and math.isfinite(r[key])]
+            if not pts:
+                continue
+            ys = [r[key] * (100 if key == "acc" else 1) for r in pts]
+            ys_all += ys
+            model = run.config.get("model") or (run.summary or {}).get("model", "")
+            ax.plot(run.epochs(pts), ys, "o-" if kind == "val" or len(pts) <= 10 else "-", ms=3, lw=1.5,
+                    color=colors[n % len(colors)], label=f"{run.name} ({model})" if model else run.name)
+        if key == "loss" and len(ys_all) > 1 and min(ys_all) > 0:
+            _log_y(ax, ys_all)
+        if key == "acc":
+            ax.set_ylim(_acc_floor(ys_all), 100.5)
+        ax.set_title(title)
+        ax.grid(alpha=0.3, which="both")
+    for ax in axes[1]:
+        ax.set_xlabel("epoch")
+    handles, labels = axes[0, 0].get_legend_handles_labels()
+    if not handles:
+        handles, labels = axes[0, 1].get_legend_handles_labels()
+    if handles:
+        fig.legend(handles, labels, loc="outside lower center", ncols=min(len(labels), 3))
+    fig.suptitle("Runs compared (against epochs: the runs may use different batch sizes)")
+    return _png(fig)

@@ -1,0 +1,143 @@
+"""What a report is drawn from: a run directory's own files (``RunLog``) and the trained model
+run once over the test split of its records (``SplitPredictions``)."""
+from __future__ import annotations
+
+import json
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from mnistflow.artifacts.rundir import METRICS, SUMMARY, RunDir
+from mnistflow.core.errors import MnistflowError
+
+
+@dataclass
+class RunLog:
+    """What a run directory says about itself (no model needed)."""
+
+    path: Path
+    train: list[dict]
+    val: list[dict]
+    test: list[dict]
+    summary: dict | None
+    config: dict
+    config_text: str
+
+    @property
+    def name(self) -> str:
+        return self.path.resolve().name
+
+    @property
+    def steps_per_epoch(self) -> float | None:
+        """From any training line: ``epoch`` is ``step / steps_per_epoch``."""
+        for r in self.train:
+            if r.get("epoch"):
+                return r["step"] / r["epoch"]
+        return None
+
+    def epochs(self, rows: list[dict]) -> list[float]:
+        spe = self.steps_per_epoch or 1.0
+        return [r["step"] / spe for r in rows]
+
+
+@dataclass
+class SplitPredictions:
+    """Per-image predictions of the model on a split of its records."""
+
+    split: str
+    images: np.ndarray  # (N, H, W, C) uint8
+    labels: np.ndarray  # (N,)
+    probs: np.ndarray  # (N, K)
+    class_names: list[str]
+    model: str
+    dataset: str
+    confusion: np.ndarray = field(init=False)
+
+    def __post_init__(self):
+        k = len(self.class_names)
+        self.confusion = np.bincount(self.labels * k + self.pred, minlength=k * k).reshape(k, k)
+
+    @property
+    def pred(self) -> np.ndarray:
+        return self.probs.argmax(1)
+
+    @property
+    def acc(self) -> float:
+        return float((self.pred == self.labels).mean()) if len(self.labels) else float("nan")
+
+    @property
+    def per_class_acc(self) -> np.ndarray:
+        return np.diag(self.confusion) / np.maximum(self.confusion.sum(1), 1)
+
+
+def _read_metrics(path: Path) -> list[dict]:
+    """The records of a metrics.jsonl (a torn last line from a crash is skipped).
+    TODO(lead): use the artifacts-level reader once ``read_metrics`` moves there."""
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(rec, dict):
+            out.append(rec)
+    return out
+
+
+def _by_step(rows: list[dict]) -> list[dict]:
+    """Sorted by step, the last record of a step winning (a resumed run logs some again)."""
+    return sorted({r["step"]: r for r in rows if isinstance(r.get("step"), int)}.values(),
+                  key=lambda r: r["step"])
+
+
+def load_run(run_dir: str | Path) -> RunLog:
+    """The metrics, summary and configuration of a run directory."""
+    run = RunDir(run_dir)
+    if not run.path.is_dir():
+        raise MnistflowError("no such run directory", run.path)
+    if not run.metrics.is_file():
+        raise MnistflowError(f"no {METRICS} in this directory (is it a run directory?)", run.path)
+    recs = _read_metrics(run.metrics)
+    kinds = {k: _by_step([r for r in recs if r.get("kind") == k]) for k in ("train", "val", "test")}
+    summary = None
+    if run.summary.is_file():
+        try:
+            summary = json.loads(run.summary.read_text())
+        except ValueError:
+            raise MnistflowError(f"{SUMMARY} is not valid JSON", run.summary) from None
+    text, config = "", {}
+    if run.config.is_file():
+        text = run.config.read_text()
+        try:
+            config = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as e:
+            raise MnistflowError(f"not valid TOML ({e})", run.config) from None
+    return RunLog(run.path, kinds["train"], kinds["val"], kinds["test"], summary, config, text)
+
+
+def predict_split(run_dir: str | Path, *, data: str | Path | None = None, device: str = "auto",
+                  batch_size: int = 1000, threads: int | None = None) -> SplitPredictions:
+    """The model of ``run_dir`` on the test split (else validation) of its records, per image;
+    ``data`` (records or raw input) replaces the records the model was trained on."""
+    from mnistflow.artifacts.load import load_any
+    from mnistflow.artifacts.predictor import as_predictor
+    from mnistflow.data import open_data
+    from mnistflow.runtime.cpu import set_threads
+    from mnistflow.runtime.device import pick_device
+
+    set_threads(threads)
+    model, info = load_any(run_dir, device=pick_device(device), data=data)
+    rec = open_data(data, fallback=info.records)
+    c, h, w = info.in_shape
+    if rec.shape != (h, w, c):
+        raise MnistflowError(f"records hold {rec.shape} images but the model takes "
+                             f"{tuple(info.in_shape)} (C, H, W)", rec.path)
+    split = "test" if rec.has("test") else "val"
+    x, y = rec.split(split)
+    predictor = as_predictor(model, info)
+    probs = np.concatenate([predictor.predict(np.array(x[i:i + batch_size]))
+                            for i in range(0, len(y), batch_size)] or [np.zeros((0, info.num_classes))])
+    return SplitPredictions(split, np.asarray(x), np.asarray(y, dtype=np.int64), probs,
+                            info.class_names, info.model, info.dataset or rec.name)
