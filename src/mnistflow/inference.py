@@ -1,6 +1,10 @@
-"""Using a trained model: ``evaluate`` (eval verb) and ``predict`` (predict verb).
+"""Using a trained model: ``evaluate`` (the eval verb) and ``predict`` (the predict verb).
 
-Both take anything ``artifacts.load_any`` reads: a run directory, model.safetensors, a
+    mnistflow eval runs/fast-1                         # test accuracy, per class, confusion matrix
+    mnistflow eval runs/fast-1/model.onnx --tta 4      # in onnxruntime, with 4 shifted views
+    mnistflow predict runs/fast-1 digit.png t10k-images-idx3-ubyte.gz
+
+Both take anything ``artifacts.load.load_any`` reads: a run directory, model.safetensors, a
 checkpoint, an npz (with the model name) or an ONNX file (run in onnxruntime on the CPU).
 """
 from __future__ import annotations
@@ -8,32 +12,23 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-import torch
 
-from mnistflow.artifacts.model_file import ModelInfo, OnnxModule, load_any
-from mnistflow.data.loader import make_loader, normalized_batch
-from mnistflow.data.records import open_records
-from mnistflow.training.config import check_tta
+from mnistflow.artifacts.load import load_any
+from mnistflow.artifacts.onnx import OnnxBackend
+from mnistflow.artifacts.predictor import as_predictor, predict_arrays
 from mnistflow.core.errors import MnistflowError
-from mnistflow.runtime.device import Amp, pick_device
 from mnistflow.runtime.cpu import set_threads
+from mnistflow.runtime.device import Amp, pick_device
+
+__all__ = ["evaluate", "format_eval", "predict", "predict_arrays", "format_predictions"]
+
+TTA_VIEWS = (0, 2, 4, 8)  # extra views: left/right, + up/down, + the diagonals
 
 
-def _records_for(info: ModelInfo, data: str | Path | None):
-    if data is not None:
-        from mnistflow.data.prepare import prepare
-
-        return open_records(prepare(None, Path(data), quiet=True))
-    if info.records and Path(info.records).is_dir():
-        return open_records(info.records)
-    raise MnistflowError("the model's training records are gone; pass --data RECORDS_OR_RAW")
-
-
-def _load(model_path, model_name, dev, data):
-    model, info = load_any(model_path, model_name, dev, data=data)
-    if isinstance(model, OnnxModule):
-        dev = torch.device("cpu")
-    return model, info, dev
+def check_tta(views: int) -> None:
+    """``--tta``: one of ``TTA_VIEWS``."""
+    if views not in TTA_VIEWS:
+        raise MnistflowError(f"--tta must be one of {', '.join(map(str, TTA_VIEWS))}; got {views}")
 
 
 def evaluate(model_path: str | Path, split: str = "test", *, data: str | Path | None = None,
@@ -41,13 +36,16 @@ def evaluate(model_path: str | Path, split: str = "test", *, data: str | Path | 
              model_name: str | None = None, tta: int = 0) -> dict:
     """Accuracy, loss, per-class accuracy and confusion matrix of a trained model on ``split``;
     ``tta`` > 0 averages each prediction over that many one-pixel shifts too (0, 2, 4, 8)."""
-    from mnistflow.training.engine import evaluate as run_eval
+    from mnistflow.data import make_loader, open_data
+    from mnistflow.models.evaluate import evaluate as run_eval
 
     check_tta(tta)
     dev = pick_device(device)
     set_threads(threads)
-    model, info, dev = _load(model_path, model_name, dev, data)
-    rec = _records_for(info, data)
+    model, info = load_any(model_path, model_name, dev, data=data)
+    if isinstance(model, OnnxBackend):
+        dev = model.device
+    rec = open_data(data, fallback=info.records)
     if rec.shape != (info.in_shape[1], info.in_shape[2], info.in_shape[0]):
         raise MnistflowError(f"records hold {rec.shape} images but the model takes "
                              f"{tuple(info.in_shape)} (C, H, W)", rec.path)
@@ -99,26 +97,19 @@ def _read_images(paths: list[Path]) -> list[tuple[str, np.ndarray]]:
     return out
 
 
-@torch.inference_mode()
-def predict_arrays(model: torch.nn.Module, info: ModelInfo, images: np.ndarray) -> np.ndarray:
-    """Class probabilities (N, K) for uint8 images (N, H, W, C) already at the model's size."""
-    x = normalized_batch(images, info.mean, info.std, next(model.parameters()).device)
-    return torch.softmax(model(x).float(), 1).cpu().numpy()
-
-
 def predict(model_path: str | Path, images: list[str | Path], *, invert: bool | None = False,
             mnist_style: bool = False, device: str = "cpu", model_name: str | None = None,
             data: str | Path | None = None) -> list[dict]:
     """Label and class probabilities for each image (PNG/JPEG files, or IDX files)."""
     from mnistflow.data.picture import to_model_input
 
-    model, info, _ = _load(model_path, model_name, pick_device(device), data)
+    model, info = load_any(model_path, model_name, pick_device(device), data=data)
     items = _read_images([Path(p) for p in images])
     if not items:
         raise MnistflowError("no images given")
     shape = tuple(info.in_shape)
     batch = np.stack([to_model_input(a, shape, invert=invert, mnist=mnist_style) for _, a in items])
-    probs = predict_arrays(model, info, batch)
+    probs = as_predictor(model, info).predict(batch)
     return [{"image": name, "label": int(p.argmax()), "class_name": info.class_names[int(p.argmax())],
              "probabilities": [round(float(v), 6) for v in p]} for (name, _), p in zip(items, probs)]
 

@@ -161,13 +161,17 @@ def _resolve(model_or_path, input_size, channels, num_classes) -> tuple[nn.Modul
     text = str(model_or_path)
     p = Path(text)
     if p.exists():
-        from mnistflow.artifacts.model_file import OnnxModule, load_any, unwrap
+        from mnistflow.artifacts.load import load_any
+        from mnistflow.artifacts.model_file import build_model, unwrap
+        from mnistflow.artifacts.onnx import OnnxBackend
 
         model, info = load_any(p)
         c0, h0, w0 = info.in_shape
         shape = (channels or c0, h or h0, w or w0)
-        if isinstance(model, OnnxModule) or shape[0] != c0:  # the architecture, from its name
+        if shape[0] != c0:  # another channel count: the architecture, from its name
             model = create_model(info.model, shape, info.num_classes)
+        elif isinstance(model, OnnxBackend):  # the layers of the model it was exported from
+            model = build_model(info, p)
         return unwrap(model), shape, f"{info.model} ({p})"
     if not looks_like_spec(text):
         try:

@@ -40,11 +40,14 @@ def test_run_keeps_last_k_and_best_with_pointers_and_everything_to_resume(mnist_
     assert checkpoint.read_header(best)["metric"]["value"] == max(vals.values())
     for _, p in files:
         head = checkpoint.verify(p)
-        assert head["format_version"] == 1 and len(head["payload_sha256"]) == 64
+        assert head["format_version"] == checkpoint.FORMAT_VERSION == 2 and len(head["payload_sha256"]) == 64
     assert not list(folder.glob(".*.tmp"))
 
     payload = checkpoint.load(folder / "step-000060.pt")
     assert set(checkpoint.PAYLOAD_KEYS) <= set(payload)
+    plain = torch.load(folder / "step-000060.pt", weights_only=True)  # a standard torch file
+    assert set(plain) == set(checkpoint.PAYLOAD_KEYS) and plain["train_state"] == payload["train_state"]
+    assert all(torch.equal(plain["model"][k], v) for k, v in payload["model"].items())
     final = load_file(str(run / "model.safetensors"))
     assert list(payload["model"]) == ["fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias", "fc3.weight",
                                       "fc3.bias"]  # the unwrapped model's names
@@ -92,7 +95,7 @@ def test_corrupt_and_truncated_checkpoints_are_reported_skipped_and_resume_uses_
     folder = run / "checkpoints"
     f10, f20, f30 = (folder / f"step-0000{s}.pt" for s in (10, 20, 30))
     data = bytearray(f30.read_bytes())
-    data[-100] ^= 0x01  # one flipped bit in the payload
+    data[len(data) // 2] ^= 0x01  # one flipped bit in the payload (the weights)
     f30.write_bytes(bytes(data))
     with pytest.raises(checkpoint.CorruptCheckpoint, match="sha256"):
         checkpoint.load(f30)
@@ -130,7 +133,8 @@ class _Evil:
 
 def test_pickle_payloads_are_refused_and_never_executed(tmp_path):
     marker = tmp_path / "executed"
-    # 1. a well-formed checkpoint (header, correct checksum) whose payload needs arbitrary pickle
+    # 1. a well-formed (version 1) checkpoint (header, correct checksum) whose payload needs
+    # arbitrary pickle (tests/unit/test_artifacts_checkpoint.py forges a version 2 one)
     forged = tmp_path / "forged.pt"
     buf = io.BytesIO()
     torch.save({"format_version": 1, "model": _Evil(marker)}, buf)

@@ -14,7 +14,8 @@ from helpers.cli import assert_one_line_error, run_cli
 from mnistflow.artifacts import checkpoint
 from mnistflow.core.errors import MnistflowError
 from mnistflow.inference import evaluate
-from mnistflow.exporting import NPZ_META_KEY, export, format_export, load_npz_into, read_npz
+from mnistflow.artifacts.npz import NPZ_META_KEY, load_npz_into, read_npz
+from mnistflow.exporting import export, format_export
 from mnistflow.models import create_model, list_models
 from mnistflow.training.loop import train
 
@@ -32,7 +33,7 @@ def trained(mnist_records, tmp_path_factory):
 
 def _logits(path, n: int = 500, **kw) -> torch.Tensor:
     """The model's logits for the first ``n`` real test images, loaded by ``load_any``."""
-    from mnistflow.artifacts.model_file import load_any
+    from mnistflow.artifacts.load import load_any
     from mnistflow.data.records import open_records
 
     model, info = load_any(path, **kw)
@@ -84,7 +85,7 @@ def test_npz_export_subset_and_restore_by_name_with_reports(trained, mnist_recor
         assert set(z.files) == set(sd) | {NPZ_META_KEY}
         assert z["features.0.weight"].shape == (32, 4, 3, 3)  # space-to-depth input: 1 x (2x2) channels
     assert full["names"] == len(sd) == 19
-    sub = export(trained, "npz", tmp_path / "sub.npz", only=["features.0.*", "head.*"])
+    export(trained, "npz", tmp_path / "sub.npz", only=["features.0.*", "head.*"])
     arrays, info = read_npz(tmp_path / "sub.npz")
     assert set(arrays) == {"features.0.weight", "head.weight"} and info.model == "fast"
     trained_sd = load_file(str(trained / "model.safetensors"))
@@ -161,12 +162,12 @@ def test_safetensors_from_a_checkpoint_and_predict_on_every_format(trained, tmp_
 @pytest.mark.parametrize("name", list_models())
 def test_every_registered_model_exports_to_onnx_with_a_dynamic_batch(name):
     from mnistflow.artifacts.model_file import ModelInfo
-    from mnistflow.exporting import _ort_session, to_onnx
+    from mnistflow.artifacts.onnx import session, to_onnx
 
     torch.manual_seed(0)
     model = create_model(name).eval()
     info = ModelInfo(name, [1, 28, 28], [str(i) for i in range(10)], [33.3], [78.6])
-    sess = _ort_session(to_onnx(model, info))
+    sess = session(to_onnx(model, info))
     for n in (1, 3):
         x = torch.randn(n, 1, 28, 28)
         with torch.inference_mode():

@@ -249,13 +249,13 @@ def test_colour_and_32x32_models(in_shape, mode):
     from mnistflow.artifacts.model_file import ModelInfo
     from mnistflow.models import create_model
     from mnistflow.server import create_app
-    from mnistflow.server.predictor import TorchPredictor
+    from mnistflow.server.predictor import TorchBackend
 
     c, h, w = in_shape
     names = ["plane", "car", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
     info = ModelInfo(model="softmax", in_shape=list(in_shape), class_names=names, mean=[120.0] * c,
                      std=[60.0] * c, dataset="test")
-    pred = TorchPredictor(create_model("softmax", in_shape, 10).eval(), info)
+    pred = TorchBackend(create_model("softmax", in_shape, 10).eval(), info)
     with running(create_app(pred)) as url, httpx.Client(base_url=url, timeout=30) as cl:
         m = cl.get("/api/model").json()
         assert m["input_size"] == f"{h}x{w}x{c}" and m["class_names"] == names
@@ -272,7 +272,7 @@ def test_onnx_export_is_served_with_onnxruntime(serve_model, tmp_path):
     pytest.importorskip("onnxruntime")
     pytest.importorskip("onnxscript")
     from mnistflow.artifacts.model_file import load_model
-    from mnistflow.exporting import to_onnx
+    from mnistflow.artifacts.onnx import to_onnx
     from mnistflow.server import create_app, load_predictor
 
     path = tmp_path / "model.onnx"

@@ -1,0 +1,12 @@
+"""Everything a run leaves on disk, and how it is read back.
+
+    rundir      the run directory's layout (config.toml, metrics.jsonl, summary.json, tb/, ...)
+    checkpoint  the checkpoint file format (a torch.save zip, checksummed) and keep-N rotation
+    model_file  ModelInfo, model.safetensors, rebuilding a model, the one strict weight loader
+    npz         parameters by name as .npz (export, --init-from)
+    onnx        ONNX bytes from a model, the onnxruntime session, the ONNX predictor backend
+    predictor   uint8 images -> class probabilities, for PyTorch and ONNX alike
+    load        load_any: a model (or ONNX backend) from any of these files or a run directory
+
+Nothing here decides *when* to write (that is ``training``) or what a verb does with a model.
+"""

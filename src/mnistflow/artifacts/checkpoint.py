@@ -3,20 +3,28 @@
     mnistflow train --recipe fast --run-dir runs/a --checkpoint-every 200   # kill it any time...
     mnistflow train --resume --run-dir runs/a                               # ...it continues exactly
     mnistflow train --resume runs/a/checkpoints/step-000400.pt              # or from a given one
+    python -c "import torch; print(torch.load('runs/a/checkpoints/step-000400.pt', weights_only=True).keys())"
 
 A run keeps ``RUN/checkpoints/step-NNNNNN.pt``: the last ``keep`` of them plus the best by
-validation accuracy, and two pointer files, ``last`` and ``best``, naming them.
+validation accuracy, and two pointer files, ``last`` and ``best``, naming them. When to save
+is the training loop's business (``training.checkpointing``); this module is the file format
+and the folder.
 
-File format (version 1)::
+File format (version 2): a standard ``torch.save`` zip archive of the payload dict, so plain
+``torch.load(path, weights_only=True)`` opens it, plus one more zip entry,
+``<archive>/mnistflow.json``, that torch ignores::
 
-    MNISTFLOW-CHECKPOINT\\n
-    {"format_version": 1, "payload_bytes": N, "payload_sha256": "...", "step": ..., ...}\\n
-    <N bytes: torch.save() of the payload dict>
+    {"format_version": 2, "payload_bytes": N, "payload_sha256": "...", "step": ..., "metric": ...}
 
-The checksum and size are verified before anything is unpickled, so a truncated or corrupted
-file is detected, never loaded. The payload is read with ``torch.load(weights_only=True)``:
-tensors and plain Python values only. A file whose pickle would build other objects (and
-could execute code) is refused. RNG states are stored as tensors and plain numbers for that.
+where the checksum covers the first N bytes of the file: every entry torch wrote (its pickle
+and tensor data). mnistflow verifies size and checksum before anything is unpickled, so a
+truncated or corrupted file is detected, never loaded. The payload is read with
+``torch.load(weights_only=True)``: tensors and plain Python values only; a file whose pickle
+would build other objects (and could execute code) is refused. RNG states are stored as
+tensors and plain numbers for that.
+
+Version 1 files (``MNISTFLOW-CHECKPOINT`` line, JSON header line, then the torch.save bytes)
+are still read; new files are always version 2.
 """
 from __future__ import annotations
 
@@ -27,24 +35,31 @@ import os
 import random
 import re
 import time
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from mnistflow.artifacts.model_file import load_weights, unwrap
+from mnistflow.artifacts.rundir import CHECKPOINTS
 from mnistflow.core.errors import MnistflowError, display
 from mnistflow.core.fsutil import atomic_write, atomic_write_text, fsync_dir
 from mnistflow.core.log import warn
 
-MAGIC = b"MNISTFLOW-CHECKPOINT\n"
-FORMAT_VERSION = 1
-CKPT_DIR = "checkpoints"
+FORMAT_VERSION = 2
+READS = (1, 2)  # format versions this mnistflow reads
+MAGIC = b"MNISTFLOW-CHECKPOINT\n"  # version 1's first line
+ZIP_MAGIC = b"PK\x03\x04"
+META_ENTRY = "mnistflow.json"  # inside the torch archive's folder: <archive>/mnistflow.json
+CKPT_DIR = CHECKPOINTS
+LAST, BEST = "last", "best"  # pointer files in the folder, each naming one step file
+SUPERSEDED = "superseded"  # checkpoints of an abandoned timeline (a resume from an older one)
 _STEP_FILE = re.compile(r"^step-(\d+)\.pt$")
 PAYLOAD_KEYS = ("format_version", "model", "optimizer", "scheduler", "scaler", "rng", "train_state",
                 "config", "data", "model_info")
 SLOW_SAVE_ENV = "MNISTFLOW_TEST_SLOW_SAVE"  # tests: seconds to sleep inside the write window
-
 
 class CorruptCheckpoint(MnistflowError):
     """A checkpoint file that is truncated, altered or not a checkpoint at all."""
@@ -90,18 +105,30 @@ def _serialize(payload: dict) -> bytes:
     return buf.getvalue()
 
 
+def seal(body: bytes, meta: dict | None = None) -> bytes:
+    """A version-2 checkpoint file: the torch.save archive ``body`` plus the ``mnistflow.json``
+    entry holding ``meta``, the size and sha256 of torch's entries."""
+    buf = io.BytesIO(body)
+    with zipfile.ZipFile(buf) as z:
+        folder = z.namelist()[0].split("/")[0]
+        entries = z.start_dir  # torch's entries end where its central directory starts
+    head = dict(meta or {})
+    head.update(format_version=FORMAT_VERSION, payload_bytes=entries,
+                payload_sha256=hashlib.sha256(body[:entries]).hexdigest())
+    # appending writes the new entry where the central directory was (and a new directory
+    # after it), so the file's first ``entries`` bytes stay exactly torch's entries
+    with zipfile.ZipFile(buf, "a") as z:
+        z.writestr(f"{folder}/{META_ENTRY}", json.dumps(head, sort_keys=True))
+    return buf.getvalue()
+
+
 def write(path: str | Path, payload: dict, meta: dict | None = None) -> Path:
     """Write ``payload`` atomically (temp file, fsync, rename, fsync dir) with its checksum."""
-    body = _serialize(payload)
-    head = dict(meta or {})
-    head.update(format_version=FORMAT_VERSION, payload_bytes=len(body),
-                payload_sha256=hashlib.sha256(body).hexdigest())
-    header = MAGIC + json.dumps(head, sort_keys=True).encode() + b"\n"
+    data = seal(_serialize(payload), meta)
     slow = float(os.environ.get(SLOW_SAVE_ENV) or 0)
 
     def _write(f):
-        f.write(header)
-        f.write(body)
+        f.write(data)
         if slow:  # tests kill the process inside this window (temp file written, not renamed)
             f.flush()
             time.sleep(slow)
@@ -110,44 +137,93 @@ def write(path: str | Path, payload: dict, meta: dict | None = None) -> Path:
     return Path(path)
 
 
+def _zip_header(src, path: Path, verify_body: bool = False) -> tuple[dict, int]:
+    """(the mnistflow.json header, its entry's offset) of a version-2 file. ``verify_body``:
+    check the size and sha256 of torch's entries, then the zip directory against every entry
+    (names, CRC-32s), so nothing torch would read is unchecked."""
+    try:
+        with zipfile.ZipFile(src) as z:
+            entry = next((i for i in z.infolist() if i.filename.endswith("/" + META_ENTRY)), None)
+            if entry is None:
+                raise CorruptCheckpoint("not a mnistflow checkpoint (a torch file without "
+                                        f"{META_ENTRY})", path)
+            head = json.loads(z.read(entry))
+            if verify_body:
+                if not isinstance(head, dict) or head.get("format_version") == 1:
+                    raise CorruptCheckpoint("corrupt checkpoint header", path)
+                _check_body(head, src.getvalue()[:entry.header_offset], path)
+                bad = z.testzip()
+                if bad is not None:
+                    raise CorruptCheckpoint(f"corrupt checkpoint (entry {bad} does not match the "
+                                            "zip directory)", path)
+            return head, entry.header_offset
+    except zipfile.BadZipFile as e:
+        if "not a zip file" in str(e).lower():
+            raise CorruptCheckpoint("truncated or corrupt checkpoint (the zip directory at its end "
+                                    "is missing)", path) from None
+        raise CorruptCheckpoint(f"corrupt checkpoint ({e})", path) from None
+    except (ValueError, KeyError, EOFError, NotImplementedError) as e:
+        raise CorruptCheckpoint(f"corrupt checkpoint header ({e.__class__.__name__})", path) from None
+
+
 def read_header(path: str | Path) -> dict:
-    """The JSON header (step, metric, sizes) without reading the payload; not verified."""
+    """The header (step, epoch, metric, reason, sizes) without reading the payload; not verified."""
     p = Path(path)
     try:
         with open(p, "rb") as f:
-            if f.read(len(MAGIC)) != MAGIC:
-                raise CorruptCheckpoint("not a mnistflow checkpoint (no header)", p)
-            return json.loads(f.readline(1 << 20))
+            first = f.read(len(MAGIC))
+            if first == MAGIC:
+                return json.loads(f.readline(1 << 20))
+            if first.startswith(ZIP_MAGIC):
+                f.seek(0)
+                return _zip_header(f, p)[0]
     except OSError as e:
         raise CorruptCheckpoint(f"cannot read: {e.strerror}", p) from None
     except ValueError:
         raise CorruptCheckpoint("corrupt checkpoint header", p) from None
+    raise CorruptCheckpoint("not a mnistflow checkpoint (no header)", p)
+
+
+def _check_body(head: dict, body: bytes, path: Path) -> None:
+    """``body`` (the bytes the checksum covers) against the header's size and sha256."""
+    try:
+        size, digest = int(head["payload_bytes"]), str(head["payload_sha256"])
+    except (KeyError, TypeError, ValueError):
+        raise CorruptCheckpoint("corrupt checkpoint header", path) from None
+    if len(body) != size:
+        raise CorruptCheckpoint(f"truncated or altered checkpoint ({len(body):,} of {size:,} "
+                                "payload bytes)", path)
+    if hashlib.sha256(body).hexdigest() != digest:
+        raise CorruptCheckpoint("corrupt checkpoint (sha256 of the payload does not match)", path)
+    if head.get("format_version") not in READS:
+        raise MnistflowError(f"checkpoint format version {head.get('format_version')} is not "
+                             f"supported (this mnistflow reads versions {', '.join(map(str, READS))})",
+                             path)
 
 
 def _read_verified(path: Path) -> tuple[dict, bytes]:
+    """(header, the bytes torch.load reads) after checking size and checksum."""
     try:
         data = path.read_bytes()
     except FileNotFoundError:
         raise MnistflowError("no such file", path) from None
     except OSError as e:
         raise CorruptCheckpoint(f"cannot read: {e.strerror}", path) from None
-    if not data.startswith(MAGIC):
+    if data.startswith(MAGIC):  # version 1: header line, then the torch.save bytes
+        nl = data.find(b"\n", len(MAGIC))
+        try:
+            head = json.loads(data[len(MAGIC):nl])
+        except ValueError:
+            raise CorruptCheckpoint("corrupt checkpoint header", path) from None
+        if not isinstance(head, dict) or head.get("format_version") != 1:
+            raise CorruptCheckpoint("corrupt checkpoint header", path)
+        body = data[nl + 1:]
+        _check_body(head, body, path)
+        return head, body
+    if not data.startswith(ZIP_MAGIC):
         raise CorruptCheckpoint("not a mnistflow checkpoint (no header)", path)
-    nl = data.find(b"\n", len(MAGIC))
-    try:
-        head = json.loads(data[len(MAGIC):nl])
-        size, digest = int(head["payload_bytes"]), str(head["payload_sha256"])
-    except (ValueError, KeyError, TypeError):
-        raise CorruptCheckpoint("corrupt checkpoint header", path) from None
-    body = data[nl + 1:]
-    if len(body) != size:
-        raise CorruptCheckpoint(f"truncated checkpoint ({len(body):,} of {size:,} payload bytes)", path)
-    if hashlib.sha256(body).hexdigest() != digest:
-        raise CorruptCheckpoint("corrupt checkpoint (sha256 of the payload does not match)", path)
-    if head.get("format_version") != FORMAT_VERSION:
-        raise MnistflowError(f"checkpoint format version {head.get('format_version')} is not "
-                             f"supported (this mnistflow reads version {FORMAT_VERSION})", path)
-    return head, body
+    head, _ = _zip_header(io.BytesIO(data), path, verify_body=True)
+    return head, data
 
 
 def safe_torch_load(data: bytes | str | Path, path: str | Path) -> object:
@@ -169,11 +245,12 @@ def safe_torch_load(data: bytes | str | Path, path: str | Path) -> object:
 
 
 def load(path: str | Path) -> dict:
-    """The verified payload of a checkpoint (plain dict of tensors and Python values)."""
+    """The verified payload of a checkpoint (plain dict of tensors and Python values), with its
+    header under ``"header"``."""
     p = Path(path)
     head, body = _read_verified(p)
     payload = safe_torch_load(body, p)
-    if not isinstance(payload, dict) or payload.get("format_version") != FORMAT_VERSION:
+    if not isinstance(payload, dict) or payload.get("format_version") != head.get("format_version"):
         raise CorruptCheckpoint("payload is not a mnistflow checkpoint", p)
     missing = [k for k in PAYLOAD_KEYS if k not in payload]
     if missing:
@@ -188,10 +265,19 @@ def verify(path: str | Path) -> dict:
 
 
 def is_checkpoint_file(path: str | Path) -> bool:
+    """A mnistflow checkpoint (either version) by its first bytes and, for a zip, its header
+    entry; nothing is verified."""
     try:
         with open(path, "rb") as f:
-            return f.read(len(MAGIC)) == MAGIC
-    except OSError:
+            first = f.read(len(MAGIC))
+            if first == MAGIC:
+                return True
+            if not first.startswith(ZIP_MAGIC):
+                return False
+            f.seek(0)
+            with zipfile.ZipFile(f) as z:
+                return any(n.endswith("/" + META_ENTRY) for n in z.namelist())
+    except (OSError, zipfile.BadZipFile, ValueError):
         return False
 
 
@@ -200,8 +286,7 @@ def is_checkpoint_file(path: str | Path) -> bool:
 def capture(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scaler, train_state: dict,
             config: dict, *, scheduler: dict | None = None, data: dict | None = None,
             model_info: dict | None = None) -> dict:
-    """Everything needed to continue, as a payload dict. ``model`` must be the unwrapped module."""
-    from mnistflow.artifacts.model_file import unwrap
+    """Everything needed to continue, as a payload dict (the unwrapped model's weights)."""
 
     return {
         "format_version": FORMAT_VERSION,
@@ -220,22 +305,9 @@ def capture(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scaler, tr
 def restore(payload: dict, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
             scaler=None, *, path: str | Path | None = None, rng: bool = True) -> None:
     """Load ``payload`` into the live objects, strictly: leftover or missing keys are errors."""
-    from mnistflow.artifacts.model_file import unwrap
 
     where = path or "checkpoint"
-    target = unwrap(model)
-    sd = payload["model"]
-    own = target.state_dict()
-    missing = [k for k in own if k not in sd]
-    unexpected = [k for k in sd if k not in own]
-    shape = [f"{k} {tuple(sd[k].shape)} vs {tuple(own[k].shape)}" for k in own
-             if k in sd and tuple(sd[k].shape) != tuple(own[k].shape)]
-    if missing or unexpected or shape:
-        parts = [f"{label}: {', '.join(v[:4])}{' ...' if len(v) > 4 else ''}"
-                 for label, v in (("missing", missing), ("unexpected", unexpected),
-                                  ("shape mismatch", shape)) if v]
-        raise MnistflowError(f"model weights do not fit ({'; '.join(parts)})", where)
-    target.load_state_dict(sd, strict=True)
+    load_weights(model, payload["model"], where)
     if optimizer is not None:
         try:
             optimizer.load_state_dict(payload["optimizer"])
@@ -316,7 +388,7 @@ class CheckpointDir:
                 tmp.unlink()
             except OSError:
                 pass
-        best = read_pointer(self.folder, "best")
+        best = read_pointer(self.folder, BEST)
         if best is not None:
             try:
                 m = verify(best).get("metric") or {}
@@ -332,11 +404,11 @@ class CheckpointDir:
         meta = {"step": step, "epoch": ts.get("epoch"), "step_in_epoch": ts.get("step_in_epoch"),
                 "metric": metric, "reason": reason, "time": time.time()}
         write(path, payload, meta)
-        atomic_write_text(self.folder / "last", path.name + "\n")
+        atomic_write_text(self.folder / LAST, path.name + "\n")
         if metric is not None and metric.get("value") is not None and \
                 (self.best_value is None or metric["value"] > self.best_value):
             self.best_value, self.best_file = float(metric["value"]), path
-            atomic_write_text(self.folder / "best", path.name + "\n")
+            atomic_write_text(self.folder / BEST, path.name + "\n")
         self._rotate()
         return path
 
@@ -346,7 +418,7 @@ class CheckpointDir:
         moved = []
         for s, p in step_files(self.folder):
             if s > step:
-                dest = self.folder / "superseded" / p.name
+                dest = self.folder / SUPERSEDED / p.name
                 dest.parent.mkdir(exist_ok=True)
                 os.replace(p, dest)
                 moved.append(dest)
@@ -366,9 +438,9 @@ class CheckpointDir:
             if m.get("value") is not None and (self.best_value is None or m["value"] > self.best_value):
                 self.best_value, self.best_file = float(m["value"]), p
         if self.best_file is None:
-            (self.folder / "best").unlink(missing_ok=True)
+            (self.folder / BEST).unlink(missing_ok=True)
         else:
-            atomic_write_text(self.folder / "best", self.best_file.name + "\n")
+            atomic_write_text(self.folder / BEST, self.best_file.name + "\n")
 
     def _rotate(self) -> None:
         files = step_files(self.folder)

@@ -1,32 +1,45 @@
-"""The trained model on disk: weights in safetensors plus what is needed to use them.
+"""The trained model on disk: ``model.safetensors`` (weights plus what is needed to use them),
+how a model is rebuilt from that description, and the ONE strict weight loader.
+
+    from mnistflow.artifacts.model_file import load_model, save_model
+    model, info = load_model("runs/fast-1")            # eval mode, ready for inference
 
 ``model.safetensors`` carries, in its metadata, the model name (or spec), input shape, class
 names and the normalization of its training data, so eval / predict / serve need nothing else.
-Loading never executes code from the file.
+A user's own model (not registered by name) also records ``factory`` ("pkg.module:qualname")
+and ``factory_kwargs``: loading imports that module with ``importlib`` (never a file inside the
+run directory or next to the model file) and calls the factory. Nothing stored in the file is
+ever executed.
 
-``load_any`` is the one loader behind eval / predict / serve / export / summary: a run
-directory, ``model.safetensors``, a checkpoint (``.pt``), an ``.npz`` of parameters (with the
-model name) or an ``.onnx`` file (run by onnxruntime).
+Every path that puts saved weights into a model (model files, checkpoints, npz, resume) goes
+through :func:`load_weights`: missing or unexpected names and shape mismatches are one clear
+``MnistflowError`` naming them, never a traceback from deep inside torch.
 """
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Iterable, Mapping
 
 import torch
 import torch.nn as nn
 
+from mnistflow.artifacts.rundir import MODEL, RunDir
 from mnistflow.core.errors import MnistflowError
 from mnistflow.core.fsutil import atomic_write_bytes
 
-MODEL_FILE = "model.safetensors"
+MODEL_FILE = MODEL  # the run directory's model file name (``artifacts.rundir``)
+META_KEY = "mnistflow"  # the metadata entry (safetensors, ONNX) holding the ModelInfo JSON
 
 
 @dataclass
 class ModelInfo:
-    model: str
+    """What a saved model needs to be used: how to rebuild it, its input, its classes."""
+
+    model: str  # registered name or layer spec (or a label for a user's model)
     in_shape: list[int]  # (C, H, W)
     class_names: list[str]
     mean: list[float]  # per channel, 0..255 units
@@ -34,10 +47,15 @@ class ModelInfo:
     dataset: str = ""
     records: str | None = None
     metrics: dict = field(default_factory=dict)
+    factory: str = ""  # "pkg.module:qualname" of a user's model class / factory
+    factory_kwargs: dict = field(default_factory=dict)  # its keyword arguments (plain JSON)
 
     @property
     def num_classes(self) -> int:
         return len(self.class_names)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
 
 
 def unwrap(model: nn.Module) -> nn.Module:
@@ -51,59 +69,198 @@ def unwrap(model: nn.Module) -> nn.Module:
             return model
 
 
+def import_optional(module: str, extra: str = "onnx"):
+    """Import an optional dependency, or fail with one line telling what to install."""
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise MnistflowError(f"this needs the optional package '{module.split('.')[0]}': "
+                             f"pip install 'mnistflow[{extra}]'") from None
+
+
+# --- the one strict weight loader -------------------------------------------------------------
+
+def _dims(shape: Iterable[int]) -> str:
+    return "x".join(map(str, shape)) or "scalar"
+
+
+@dataclass
+class WeightsFit:
+    """How a set of named tensors fits a model's state dict, name by name."""
+
+    missing: list[str] = field(default_factory=list)  # the model has it, the weights do not
+    unexpected: list[str] = field(default_factory=list)  # the weights have it, the model does not
+    mismatched: list[tuple[str, tuple, tuple]] = field(default_factory=list)  # name, given, model
+
+    @property
+    def ok(self) -> bool:
+        return not (self.missing or self.unexpected or self.mismatched)
+
+    def describe(self, missing: str = "missing", limit: int = 4) -> str:
+        """``missing: a, b; unexpected: c; shape mismatch: d (file 3x96, model 10x96)``."""
+        def short(v: list[str]) -> str:
+            return ", ".join(v[:limit]) + (f" and {len(v) - limit} more" if len(v) > limit else "")
+
+        parts = []
+        if self.missing:
+            parts.append(f"{missing}: {short(self.missing)}")
+        if self.unexpected:
+            parts.append(f"unexpected: {short(self.unexpected)}")
+        if self.mismatched:
+            parts.append("shape mismatch: " + short([f"{n} (file {_dims(a)}, model {_dims(b)})"
+                                                      for n, a, b in self.mismatched]))
+        return "; ".join(parts) or "all names match"
+
+
+def check_fit(own: Mapping[str, torch.Tensor], given: Mapping[str, object]) -> WeightsFit:
+    """Compare ``given`` (tensors or arrays by name) with a model's state dict ``own``."""
+    fit = WeightsFit()
+    for name, t in own.items():
+        if name not in given:
+            fit.missing.append(name)
+        elif tuple(given[name].shape) != tuple(t.shape):
+            fit.mismatched.append((name, tuple(given[name].shape), tuple(t.shape)))
+    fit.unexpected = [k for k in given if k not in own]
+    return fit
+
+
+def load_weights(model: nn.Module, weights: Mapping[str, torch.Tensor],
+                 where: str | Path | None = None, *, what: str = "") -> nn.Module:
+    """Load ``weights`` into (the unwrapped) ``model``, strictly; returns the unwrapped model.
+
+    Any missing or unexpected name or shape mismatch raises ``MnistflowError`` naming them
+    (``what``: the model's name for the message); nothing is loaded then."""
+    target = unwrap(model)
+    fit = check_fit(target.state_dict(), weights)
+    if not fit.ok:
+        raise MnistflowError(f"weights do not fit {'model ' + repr(what) if what else 'the model'} "
+                             f"({fit.describe()})", where)
+    target.load_state_dict(dict(weights), strict=True)
+    return target
+
+
+# --- rebuilding a model from its description -----------------------------------------------
+
+def _is_within(path: Path, folder: Path) -> bool:
+    try:
+        path.resolve().relative_to(folder.resolve())
+        return True
+    except (ValueError, OSError):
+        return False
+
+
+def _forbidden_dirs(source: str | Path | None) -> list[Path]:
+    """Where a factory's code must not come from: the saved file's folder and its run."""
+    if source is None:
+        return []
+    p = Path(source)
+    folder = p if p.is_dir() else p.parent
+    run = RunDir.of_checkpoint(p)
+    return [folder] + ([run.path] if run is not None else [])
+
+
+def _import_factory(spec: str, source: str | Path | None):
+    """The callable named by ``pkg.module:qualname``, imported with importlib; refused when its
+    code would come from the run directory or the saved model's folder."""
+    mod_name, sep, qualname = spec.partition(":")
+    if not sep or not mod_name or not qualname or any(not part.isidentifier()
+                                                      for part in mod_name.split(".") + qualname.split(".")):
+        raise MnistflowError(f"model factory '{spec}' is not of the form 'package.module:name'", source)
+    forbidden = _forbidden_dirs(source)
+
+    def check(origin: str | None, locations: Iterable[str] = ()) -> None:
+        for where in [origin, *locations]:
+            if where and any(_is_within(Path(where), d) for d in forbidden):
+                raise MnistflowError(f"refused: the model factory '{spec}' would be imported from "
+                                     f"{where}, inside the run directory or next to the model file "
+                                     "(saved files never run code; install the module or put it "
+                                     "on PYTHONPATH elsewhere)", source)
+
+    top = mod_name.split(".")[0]
+    try:
+        found = importlib.util.find_spec(top)  # locating a top-level module executes nothing
+    except (ImportError, ValueError):
+        found = None
+    if found is None:
+        raise MnistflowError(f"cannot rebuild the model: its module '{mod_name}' is not importable "
+                             f"(factory '{spec}'; install it or add it to PYTHONPATH)", source)
+    check(found.origin, found.submodule_search_locations or ())
+    try:
+        module = importlib.import_module(mod_name)
+    except ImportError as e:
+        raise MnistflowError(f"cannot import '{mod_name}' for the model factory '{spec}' ({e})",
+                             source) from None
+    check(getattr(module, "__file__", None))
+    obj = module
+    for part in qualname.split("."):
+        obj = getattr(obj, part, None)
+        if obj is None:
+            raise MnistflowError(f"'{mod_name}' has no '{qualname}' (model factory '{spec}')", source)
+    if not callable(obj):
+        raise MnistflowError(f"model factory '{spec}' is not callable", source)
+    return obj
+
+
+def build_model(info: ModelInfo, source: str | Path | None = None) -> nn.Module:
+    """A fresh (untrained) model as ``info`` describes it: a registered name or layer spec, else
+    the recorded factory called with its recorded keyword arguments."""
+    from mnistflow.models import create_model, list_models
+    from mnistflow.models.spec import looks_like_spec
+
+    if info.factory and info.model not in list_models() and not looks_like_spec(info.model):
+        factory = _import_factory(info.factory, source)
+        try:
+            model = factory(**dict(info.factory_kwargs or {}))
+        except Exception as e:  # user code: any failure is reported in one line
+            raise MnistflowError(f"the model factory '{info.factory}' failed "
+                                 f"({e.__class__.__name__}: {str(e).splitlines()[0][:160] if str(e) else ''})",
+                                 source) from None
+        if not isinstance(model, nn.Module):
+            raise MnistflowError(f"the model factory '{info.factory}' returned a "
+                                 f"{type(model).__name__}, not a torch.nn.Module", source)
+        return model
+    return create_model(info.model, tuple(info.in_shape), info.num_classes)
+
+
+# --- model.safetensors ------------------------------------------------------------------------
+
 def save_model(path: str | Path, model: nn.Module, info: ModelInfo) -> Path:
     """Write weights + info atomically as safetensors."""
     from safetensors.torch import save
 
     sd = {k: v.detach().cpu().contiguous() for k, v in unwrap(model).state_dict().items()}
-    atomic_write_bytes(path, save(sd, metadata={"mnistflow": json.dumps(asdict(info))}))
+    atomic_write_bytes(path, save(sd, metadata={META_KEY: info.to_json()}))
     return Path(path)
 
 
 def resolve_model_path(path: str | Path) -> Path:
+    """``RUN/model.safetensors`` for a run directory; the file itself otherwise."""
     p = Path(path)
     if p.is_dir():
-        if (p / MODEL_FILE).is_file():
-            return p / MODEL_FILE
+        if RunDir(p).model.is_file():
+            return RunDir(p).model
         raise MnistflowError(f"no {MODEL_FILE} in this run directory (did the run finish?)", p)
     if not p.exists():
         raise MnistflowError("no such file or directory", p)
     return p
 
 
-def load_model(path: str | Path, device: torch.device | str = "cpu") -> tuple[nn.Module, ModelInfo]:
-    """A model ready for inference (eval mode) from a run directory or a .safetensors file."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
-    from mnistflow.models import create_model
-
-    p = resolve_model_path(path)
+def info_from_dict(d: dict, where: str | Path) -> ModelInfo:
+    """A ModelInfo from its dict form; unknown keys (a newer mnistflow's) are ignored and files
+    from before ``factory`` existed get its defaults."""
     try:
-        from safetensors import safe_open
-
-        with safe_open(str(p), "pt") as f:
-            meta = f.metadata() or {}
-        sd = load_file(str(p))
-    except (SafetensorError, OSError, ValueError) as e:
-        raise MnistflowError(f"not a readable safetensors model ({e})", p) from None
-    if "mnistflow" not in meta:
-        raise MnistflowError("has no mnistflow metadata (which model is it?)", p)
-    info = ModelInfo(**json.loads(meta["mnistflow"]))
-    model = create_model(info.model, tuple(info.in_shape), info.num_classes)
-    missing, unexpected = model.load_state_dict(sd, strict=False)
-    if missing or unexpected:
-        raise MnistflowError(f"weights do not fit model '{info.model}' (missing: {missing[:3]}, "
-                             f"unexpected: {unexpected[:3]})", p)
-    return model.to(device).eval(), info
+        return ModelInfo(**{k: v for k, v in d.items() if k in ModelInfo.__dataclass_fields__})
+    except (TypeError, AttributeError) as e:
+        raise MnistflowError(f"unreadable mnistflow metadata ({e})", where) from None
 
 
 def info_from_json(text: str, where: str | Path) -> ModelInfo:
+    """A ModelInfo from its JSON (see ``info_from_dict``)."""
     try:
         d = json.loads(text)
-        return ModelInfo(**{k: v for k, v in d.items() if k in ModelInfo.__dataclass_fields__})
-    except (ValueError, TypeError) as e:
+    except ValueError as e:
         raise MnistflowError(f"unreadable mnistflow metadata ({e})", where) from None
+    return info_from_dict(d, where)
 
 
 def info_from_records(model: str, rec, metrics: dict | None = None) -> ModelInfo:
@@ -114,143 +271,27 @@ def info_from_records(model: str, rec, metrics: dict | None = None) -> ModelInfo
                      metrics=dict(metrics or {}))
 
 
-def import_optional(module: str, extra: str = "onnx"):
-    """Import an optional dependency, or fail with one line telling what to install."""
+def read_model_file(path: str | Path) -> tuple[dict[str, torch.Tensor], ModelInfo]:
+    """(weights, info) of a ``.safetensors`` model file (or a run directory's)."""
+    from safetensors import SafetensorError, safe_open
+    from safetensors.torch import load_file
+
+    p = resolve_model_path(path)
     try:
-        return importlib.import_module(module)
-    except ImportError:
-        raise MnistflowError(f"this needs the optional package '{module.split('.')[0]}': "
-                             f"pip install 'mnistflow[{extra}]'") from None
+        with safe_open(str(p), "pt") as f:
+            meta = f.metadata() or {}
+        sd = load_file(str(p))
+    except (SafetensorError, OSError, ValueError) as e:
+        raise MnistflowError(f"not a readable safetensors model ({e})", p) from None
+    if META_KEY not in meta:
+        raise MnistflowError("has no mnistflow metadata (which model is it?)", p)
+    return sd, info_from_json(meta[META_KEY], p)
 
 
-def _build(info: ModelInfo, model_name: str | None = None) -> nn.Module:
-    from mnistflow.models import create_model
-
-    return create_model(model_name or info.model, tuple(info.in_shape), info.num_classes)
-
-
-def load_checkpoint_model(path: str | Path, device: torch.device | str = "cpu",
-                          model_name: str | None = None) -> tuple[nn.Module, ModelInfo]:
-    """The model of a training checkpoint (weights only; optimizer etc. are ignored)."""
-    from mnistflow.artifacts import checkpoint
-
-    p = Path(path)
-    payload = checkpoint.load(p)
-    if not payload.get("model_info"):
-        raise MnistflowError("checkpoint has no model information", p)
-    info = ModelInfo(**payload["model_info"])
-    if model_name:
-        info.model = model_name
-    model = _build(info)
-    _strict_load(model, payload["model"], p, info)
+def load_model(path: str | Path, device: torch.device | str = "cpu") -> tuple[nn.Module, ModelInfo]:
+    """A model ready for inference (eval mode) from a run directory or a .safetensors file."""
+    p = resolve_model_path(path)
+    sd, info = read_model_file(p)
+    model = build_model(info, p)
+    load_weights(model, sd, p, what=info.model)
     return model.to(device).eval(), info
-
-
-def _strict_load(model: nn.Module, sd: dict, p: Path, info: ModelInfo) -> None:
-    own = model.state_dict()
-    missing = [k for k in own if k not in sd]
-    unexpected = [k for k in sd if k not in own]
-    shape = [k for k in own if k in sd and tuple(sd[k].shape) != tuple(own[k].shape)]
-    if missing or unexpected or shape:
-        raise MnistflowError(f"weights do not fit model '{info.model}' (missing: {missing[:3]}, "
-                             f"unexpected: {unexpected[:3]}, shape mismatch: {shape[:3]})", p)
-    model.load_state_dict(sd, strict=True)
-
-
-class OnnxModule(nn.Module):
-    """An ONNX file run by onnxruntime, behind the ``nn.Module`` interface that eval / predict
-    use (float32 NCHW in, logits out, CPU). A zero-size parameter marks the device."""
-
-    def __init__(self, path: str | Path):
-        super().__init__()
-        ort = import_optional("onnxruntime")
-        opts = ort.SessionOptions()
-        opts.intra_op_num_threads = torch.get_num_threads()
-        opts.log_severity_level = 3
-        try:
-            self.session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
-        except Exception as e:  # onnxruntime raises its own exception types
-            raise MnistflowError(f"not a loadable ONNX model ({str(e).splitlines()[0][:160]})",
-                                 path) from None
-        self.input_name = self.session.get_inputs()[0].name
-        self.path = Path(path)
-        self.anchor = nn.Parameter(torch.empty(0), requires_grad=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        arr = x.detach().to("cpu", torch.float32).contiguous().numpy()
-        return torch.from_numpy(self.session.run(None, {self.input_name: arr})[0])
-
-
-def load_onnx(path: str | Path) -> tuple[OnnxModule, ModelInfo]:
-    p = Path(path)
-    m = OnnxModule(p)
-    meta = m.session.get_modelmeta().custom_metadata_map
-    if "mnistflow" not in meta:
-        raise MnistflowError("ONNX model has no mnistflow metadata (export it with "
-                             "'mnistflow export --format onnx')", p)
-    return m, info_from_json(meta["mnistflow"], p)
-
-
-def _records_info(model_name: str, data, p: Path) -> ModelInfo:
-    from mnistflow.data.records import open_records
-    from mnistflow.data.prepare import prepare
-
-    rec = open_records(prepare(None, Path(data), quiet=True))
-    return info_from_records(model_name, rec)
-
-
-def load_any(path: str | Path, model_name: str | None = None, device: torch.device | str = "cpu",
-             *, data: str | Path | None = None) -> tuple[nn.Module, ModelInfo]:
-    """A model ready for inference (eval mode) and its info, from any of the formats.
-
-    A run directory gives its ``model.safetensors`` or, for a run that has not finished, its
-    newest valid checkpoint. ``model_name`` picks the architecture of an ``.npz`` (it defaults
-    to the one recorded inside the file); an npz without mnistflow metadata also needs
-    ``data`` (records) for the input shape, class names and normalization. ``.onnx`` models
-    run on the CPU with onnxruntime.
-    """
-    from mnistflow.artifacts import checkpoint
-
-    p = Path(path)
-    if p.is_dir():
-        if (p / MODEL_FILE).is_file():
-            p = p / MODEL_FILE
-        else:
-            latest = checkpoint.find_latest(p / checkpoint.CKPT_DIR if (p / checkpoint.CKPT_DIR).is_dir() else p)
-            if latest is None:
-                raise MnistflowError(f"no {MODEL_FILE} and no valid checkpoint in this directory "
-                                     "(did the run start?)", p)
-            p = latest
-    elif not p.exists():
-        raise MnistflowError("no such file or directory", p)
-    suffix = p.suffix.lower()
-    if suffix == ".onnx":
-        return load_onnx(p)
-    if suffix == ".npz":
-        from mnistflow.exporting import load_npz_into, read_npz
-
-        arrays, info = read_npz(p)
-        if info is None:
-            if not model_name or data is None:
-                raise MnistflowError("npz has no mnistflow metadata: pass the model name (--model) "
-                                     "and the records it was trained on (--data)", p)
-            info = _records_info(model_name, data, p)
-        if model_name:
-            info.model = model_name
-        model = _build(info)
-        report = load_npz_into(model, p, arrays=arrays)
-        if not report.complete:
-            raise MnistflowError(f"parameters do not fit model '{info.model}' ({report.problems()})", p)
-        return model.to(device).eval(), info
-    if checkpoint.is_checkpoint_file(p):
-        return load_checkpoint_model(p, device, model_name)
-    if suffix in (".pt", ".pth", ".ckpt", ".bin", ".pkl"):
-        obj = checkpoint.safe_torch_load(p, p)  # refuses pickle payloads with a clear error
-        raise MnistflowError("not a mnistflow checkpoint (a plain torch file"
-                             f"{' of ' + str(len(obj)) + ' entries' if isinstance(obj, dict) else ''}); "
-                             "use a run directory, model.safetensors, a checkpoint, an npz or an "
-                             "ONNX file", p)
-    model, info = load_model(p, device)
-    if model_name and model_name != info.model:
-        raise MnistflowError(f"the file holds a '{info.model}' model, not '{model_name}'", p)
-    return model, info

@@ -1,0 +1,108 @@
+"""``load_any``: the one loader behind eval / predict / serve / export / summary / report.
+
+    from mnistflow.artifacts.load import load_any
+    model, info = load_any("runs/fast-1")                     # model.safetensors, else the newest checkpoint
+    model, info = load_any("runs/fast-1/checkpoints/step-000400.pt")
+    model, info = load_any("weights.npz", "fast", data="data/mnist")   # a bare npz: name + records
+    backend, info = load_any("runs/fast-1/model.onnx")        # an OnnxBackend (onnxruntime, CPU)
+
+A PyTorch model comes back in eval mode on ``device``; an ``.onnx`` file comes back as an
+``artifacts.onnx.OnnxBackend`` (``logits``/``predict``, CPU). Wrap either with
+``artifacts.predictor.as_predictor`` to classify uint8 images. Weights always go through the
+strict loader (``model_file.load_weights``).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+
+from mnistflow.artifacts import checkpoint
+from mnistflow.artifacts.model_file import MODEL_FILE, ModelInfo, build_model, info_from_dict, \
+    info_from_records, load_model, load_weights
+from mnistflow.artifacts.npz import as_tensors, read_npz
+from mnistflow.artifacts.onnx import OnnxBackend, load_onnx
+from mnistflow.artifacts.rundir import RunDir
+from mnistflow.core.errors import MnistflowError
+
+PLAIN_TORCH_SUFFIXES = (".pt", ".pth", ".ckpt", ".bin", ".pkl")
+
+
+def load_checkpoint_model(path: str | Path, device: torch.device | str = "cpu",
+                          model_name: str | None = None) -> tuple[nn.Module, ModelInfo]:
+    """The model of a training checkpoint (weights only; optimizer etc. are ignored)."""
+    p = Path(path)
+    payload = checkpoint.load(p)
+    if not payload.get("model_info"):
+        raise MnistflowError("checkpoint has no model information", p)
+    info = info_from_dict(payload["model_info"], p)
+    if model_name:
+        info.model = model_name
+    model = build_model(info, p)
+    load_weights(model, payload["model"], p, what=info.model)
+    return model.to(device).eval(), info
+
+
+def _npz_model(p: Path, model_name: str | None, device, data) -> tuple[nn.Module, ModelInfo]:
+    arrays, info = read_npz(p)
+    if info is None:
+        if not model_name or data is None:
+            raise MnistflowError("npz has no mnistflow metadata: pass the model name (--model) "
+                                 "and the records it was trained on (--data)", p)
+        from mnistflow.data import open_data
+
+        info = info_from_records(model_name, open_data(data))
+    if model_name:
+        info.model = model_name
+    model = build_model(info, p)
+    load_weights(model, as_tensors(arrays, model.state_dict()), p, what=info.model)
+    return model.to(device).eval(), info
+
+
+def resolve(path: str | Path) -> Path:
+    """The file ``load_any`` reads for ``path``: a run directory's ``model.safetensors``, or
+    for a run that has not finished, its newest valid checkpoint."""
+    p = Path(path)
+    if p.is_dir():
+        run = RunDir(p)
+        if run.model.is_file():
+            return run.model
+        latest = checkpoint.find_latest(run.checkpoints if run.checkpoints.is_dir() else p)
+        if latest is None:
+            raise MnistflowError(f"no {MODEL_FILE} and no valid checkpoint in this directory "
+                                 "(did the run start?)", p)
+        return latest
+    if not p.exists():
+        raise MnistflowError("no such file or directory", p)
+    return p
+
+
+def load_any(path: str | Path, model_name: str | None = None, device: torch.device | str = "cpu",
+             *, data: str | Path | None = None) -> tuple[nn.Module | OnnxBackend, ModelInfo]:
+    """A model ready for inference and its info, from any of the formats.
+
+    A run directory gives its ``model.safetensors`` or, for a run that has not finished, its
+    newest valid checkpoint. ``model_name`` picks the architecture of an ``.npz`` or a
+    checkpoint (it defaults to the one recorded inside the file); an npz without mnistflow
+    metadata also needs ``data`` (records or raw input) for the input shape, class names and
+    normalization. ``.onnx`` models come back as an ``OnnxBackend`` (onnxruntime, CPU).
+    """
+    p = resolve(path)
+    suffix = p.suffix.lower()
+    if suffix == ".onnx":
+        return load_onnx(p)
+    if suffix == ".npz":
+        return _npz_model(p, model_name, device, data)
+    if checkpoint.is_checkpoint_file(p):
+        return load_checkpoint_model(p, device, model_name)
+    if suffix in PLAIN_TORCH_SUFFIXES:
+        obj = checkpoint.safe_torch_load(p, p)  # refuses pickle payloads with a clear error
+        raise MnistflowError("not a mnistflow checkpoint (a plain torch file"
+                             f"{' of ' + str(len(obj)) + ' entries' if isinstance(obj, dict) else ''}); "
+                             "use a run directory, model.safetensors, a checkpoint, an npz or an "
+                             "ONNX file", p)
+    model, info = load_model(p, device)
+    if model_name and model_name != info.model:
+        raise MnistflowError(f"the file holds a '{info.model}' model, not '{model_name}'", p)
+    return model, info

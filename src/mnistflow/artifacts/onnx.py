@@ -1,0 +1,158 @@
+"""ONNX: writing a model as ONNX bytes, and running an ONNX file as a predictor backend.
+
+    mnistflow export runs/fast-1 --format onnx   # to_onnx (exporting.py verifies, then writes)
+    mnistflow eval runs/fast-1/model.onnx        # OnnxBackend: onnxruntime on the CPU
+    mnistflow serve runs/fast-1/model.onnx
+
+The ONNX model takes ``input`` (N, C, H, W) float32, normalized, with a dynamic batch, gives
+``logits`` (N, K), and carries the model's info (class names, normalization) in
+``metadata_props['mnistflow']``. onnx, onnxscript and onnxruntime are optional
+(``pip install 'mnistflow[onnx]'``) and imported inside the functions that need them.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import inspect
+import io
+import logging
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn as nn
+
+from mnistflow.artifacts.model_file import META_KEY, ModelInfo, import_optional, info_from_json, unwrap
+from mnistflow.core.errors import MnistflowError
+
+
+@contextlib.contextmanager
+def quiet_exporter():
+    """The exporter prints progress and warnings (e.g. 'torchvision is not installed'); the
+    user sees our result table instead. Errors still propagate."""
+    loggers = [logging.getLogger(n) for n in ("torch.onnx", "torch.export", "torch._export",
+                                               "onnxscript", "onnx_ir", "root", "")]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        for lg, lv in zip(loggers, levels):
+            lg.setLevel(lv)
+
+
+def to_onnx(model: nn.Module, info: ModelInfo) -> bytes:
+    """The model as ONNX bytes: input ``input`` (N, C, H, W) float32 with a dynamic batch,
+    output ``logits`` (N, K); the info is stored in ``metadata_props['mnistflow']``."""
+    import_optional("onnxscript")
+    onnx = import_optional("onnx")
+    model = unwrap(model).cpu().eval()
+    arg = next(iter(inspect.signature(model.forward).parameters))  # 'input' for nn.Sequential
+    x = torch.zeros(2, *info.in_shape)
+    try:
+        with quiet_exporter():
+            prog = torch.onnx.export(model, (x,), dynamo=True, input_names=["input"],
+                                     output_names=["logits"],
+                                     dynamic_shapes={arg: {0: torch.export.Dim("batch")}})
+    except Exception as e:
+        raise MnistflowError(f"ONNX export of '{info.model}' failed "
+                             f"({e.__class__.__name__}: {str(e).splitlines()[0][:200]})") from None
+    proto = prog.model_proto
+    onnx.helper.set_model_props(proto, {META_KEY: info.to_json()})
+    proto.doc_string = f"mnistflow {info.model} ({info.dataset}); input normalized: (x - mean) / std"
+    return proto.SerializeToString()
+
+
+def session(model: bytes | str | Path, threads: int | None = None):
+    """An onnxruntime CPU session for ONNX bytes or a file (``threads``: intra-op threads,
+    default torch's); an unloadable model is a one-line ``MnistflowError``."""
+    ort = import_optional("onnxruntime")
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads or torch.get_num_threads()
+    opts.log_severity_level = 3
+    src = model if isinstance(model, bytes) else str(model)
+    try:
+        return ort.InferenceSession(src, opts, providers=["CPUExecutionProvider"])
+    except Exception as e:  # onnxruntime raises its own exception types
+        raise MnistflowError(f"not a loadable ONNX model ({str(e).splitlines()[0][:160]})",
+                             None if isinstance(model, bytes) else model) from None
+
+
+def _softmax(z: np.ndarray) -> np.ndarray:
+    z = z - z.max(1, keepdims=True)
+    e = np.exp(z)
+    return e / e.sum(1, keepdims=True)
+
+
+class OnnxBackend:
+    """An ONNX model run by onnxruntime on the CPU, behind the predictor interface:
+    ``logits(normalized batch)`` and ``predict(uint8 images) -> probabilities``. Safe to call
+    from several threads at once (``InferenceSession.run``)."""
+
+    backend = "onnxruntime"
+    device = torch.device("cpu")
+
+    def __init__(self, sess, info: ModelInfo, path: Path | None = None):
+        self.session, self.info, self.path = sess, info, path
+        self.input_name = sess.get_inputs()[0].name
+        c = info.in_shape[0]
+        self._mean = np.asarray(info.mean, np.float32).reshape(1, c, 1, 1)
+        self._std = np.asarray(info.std, np.float32).reshape(1, c, 1, 1)
+
+    def run(self, x: np.ndarray, batch_size: int = 1000) -> np.ndarray:
+        """Logits (N, K) float32 of a normalized float32 (N, C, H, W) array, in batches."""
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        out = [self.session.run(None, {self.input_name: x[i:i + batch_size]})[0]
+               for i in range(0, len(x), batch_size)]
+        return np.concatenate(out) if out else np.zeros((0, self.info.num_classes), np.float32)
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits of a normalized (N, C, H, W) batch, as a CPU tensor: the model's forward."""
+        return torch.from_numpy(self.run(x.detach().to("cpu", torch.float32).numpy()))
+
+    @functools.cached_property
+    def params(self) -> int | None:
+        """Parameters of the source model (shown by ``serve``), None when unknown."""
+        return _source_params(self.path, self.info) if self.path is not None else None
+
+    __call__ = logits  # stands in for a model's forward where a function x -> logits is taken
+
+    def predict(self, batch: np.ndarray) -> np.ndarray:
+        """uint8 images (N, H, W, C) at the model's size -> class probabilities (N, K)."""
+        x = np.ascontiguousarray(batch.transpose(0, 3, 1, 2), dtype=np.float32)
+        return _softmax(self.run((x - self._mean) / self._std))
+
+
+def _source_params(path: Path, info: ModelInfo) -> int | None:
+    """Parameters of the model an ONNX file was exported from (the export folds some, e.g.
+    batch norm, into others); else its initializers; None when neither can be read."""
+    try:
+        from mnistflow.models import create_model
+
+        return sum(p.numel() for p in create_model(info.model, tuple(info.in_shape),
+                                                   info.num_classes).parameters())
+    except Exception:  # a model this mnistflow does not know: count the file's weights
+        pass
+    try:
+        import onnx
+
+        m = onnx.load(str(path), load_external_data=False)
+        return int(sum(int(np.prod(t.dims)) for t in m.graph.initializer))
+    except Exception:  # onnx is optional (the count is only shown)
+        return None
+
+
+def load_onnx(path: str | Path, threads: int | None = None) -> tuple[OnnxBackend, ModelInfo]:
+    """An ``.onnx`` file written by ``mnistflow export`` as a backend, and its info."""
+    p = Path(path)
+    sess = session(p, threads)
+    meta = sess.get_modelmeta().custom_metadata_map
+    if META_KEY not in meta:
+        raise MnistflowError("ONNX model has no mnistflow metadata (export it with "
+                             "'mnistflow export --format onnx')", p)
+    info = info_from_json(meta[META_KEY], p)
+    return OnnxBackend(sess, info, p), info

@@ -1,0 +1,54 @@
+"""A loaded model behind one small interface: ``predict(uint8 images) -> probabilities``.
+
+Two back ends: PyTorch (``TorchBackend``, any ``nn.Module``) and ONNX Runtime
+(``artifacts.onnx.OnnxBackend``). ``eval``, ``predict``, ``serve`` and ``report`` all classify
+through it, so the preprocessing (uint8 -> normalized float) is the loaders' own
+(``data.loader.normalized_batch``) everywhere.
+"""
+from __future__ import annotations
+
+from typing import Protocol
+
+import numpy as np
+import torch
+import torch.nn as nn
+
+from mnistflow.artifacts.model_file import ModelInfo
+from mnistflow.artifacts.onnx import OnnxBackend
+
+
+class Predictor(Protocol):
+    info: ModelInfo
+    backend: str  # "pytorch" or "onnxruntime"
+    params: int | None
+
+    def predict(self, batch: np.ndarray) -> np.ndarray:
+        """uint8 images (N, H, W, C) at the model's size -> class probabilities (N, K)."""
+
+
+class TorchBackend:
+    """A PyTorch model in eval mode; safe to call from several threads (``inference_mode``)."""
+
+    backend = "pytorch"
+
+    def __init__(self, model: nn.Module, info: ModelInfo):
+        self.model, self.info = model.eval(), info
+        self.params = sum(p.numel() for p in model.parameters())
+        self.device = next(model.parameters(), torch.empty(0)).device
+
+    @torch.inference_mode()
+    def predict(self, batch: np.ndarray) -> np.ndarray:
+        from mnistflow.data.loader import normalized_batch
+
+        x = normalized_batch(batch, self.info.mean, self.info.std, self.device)
+        return torch.softmax(self.model(x).float(), 1).cpu().numpy()
+
+
+def as_predictor(model: nn.Module | OnnxBackend | Predictor, info: ModelInfo) -> Predictor:
+    """What ``load_any`` returned, as a Predictor."""
+    return model if hasattr(model, "predict") and hasattr(model, "backend") else TorchBackend(model, info)
+
+
+def predict_arrays(model: nn.Module | OnnxBackend, info: ModelInfo, images: np.ndarray) -> np.ndarray:
+    """Class probabilities (N, K) for uint8 images (N, H, W, C) already at the model's size."""
+    return as_predictor(model, info).predict(images)

@@ -1,0 +1,149 @@
+"""The checkpoint file format (version 2: a standard torch.save zip plus a checksummed header
+entry), the reading of version-1 files, and the strict restore."""
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import zipfile
+
+import pytest
+import torch
+import torch.nn as nn
+
+from mnistflow.artifacts import checkpoint
+from mnistflow.artifacts.load import load_any
+from mnistflow.core.errors import MnistflowError
+
+INFO = {"model": "mlp", "in_shape": [1, 28, 28], "class_names": [str(i) for i in range(10)],
+        "mean": [33.0], "std": [78.0]}
+
+
+def _payload(model: nn.Module | None = None) -> dict:
+    from mnistflow.models import create_model
+
+    torch.manual_seed(0)
+    model = model or create_model("mlp")
+    opt = torch.optim.SGD(model.parameters(), 0.1, momentum=0.9)
+    model(torch.randn(4, 1, 28, 28)).sum().backward()
+    opt.step()
+    return checkpoint.capture(model, opt, None, {"step": 7, "epoch": 0}, {"model": "mlp"},
+                              model_info=dict(INFO))
+
+
+def _write_v1(path, payload: dict) -> None:
+    """A checkpoint as mnistflow wrote it before version 2 (MAGIC line + JSON + torch.save)."""
+    buf = io.BytesIO()
+    torch.save(dict(payload, format_version=1), buf)
+    body = buf.getvalue()
+    head = {"format_version": 1, "payload_bytes": len(body), "step": 7,
+            "payload_sha256": hashlib.sha256(body).hexdigest()}
+    path.write_bytes(checkpoint.MAGIC + json.dumps(head).encode() + b"\n" + body)
+
+
+def test_a_fresh_checkpoint_opens_with_plain_torch_load(tmp_path):
+    payload = _payload()
+    path = checkpoint.write(tmp_path / "step-000007.pt", payload, {"step": 7, "reason": "test"})
+    plain = torch.load(path, weights_only=True)  # no mnistflow needed to read it
+    assert set(plain) == set(checkpoint.PAYLOAD_KEYS) and plain["format_version"] == 2
+    assert all(torch.equal(plain["model"][k], v) for k, v in payload["model"].items())
+    assert plain["optimizer"]["state"] and plain["train_state"]["step"] == 7
+    head = checkpoint.verify(path)
+    assert head["format_version"] == 2 and head["step"] == 7 and len(head["payload_sha256"]) == 64
+    assert checkpoint.read_header(path) == head and checkpoint.is_checkpoint_file(path)
+    loaded = checkpoint.load(path)
+    assert loaded["header"]["reason"] == "test"
+    assert all(torch.equal(loaded["model"][k], v) for k, v in payload["model"].items())
+
+
+def test_altered_and_truncated_files_are_corrupt_never_loaded(tmp_path):
+    path = checkpoint.write(tmp_path / "c.pt", _payload())
+    data = path.read_bytes()
+    head = checkpoint.verify(path)
+    with zipfile.ZipFile(path) as z:  # flip one bit inside a tensor's bytes
+        info = next(i for i in z.infolist() if i.filename.endswith("/data/0"))
+    at = info.header_offset + 30 + len(info.filename) + len(info.extra) + 8
+    assert at < head["payload_bytes"]
+    bad = bytearray(data)
+    bad[at] ^= 0x01
+    (tmp_path / "flip.pt").write_bytes(bytes(bad))
+    with pytest.raises(checkpoint.CorruptCheckpoint, match="sha256"):
+        checkpoint.load(tmp_path / "flip.pt")
+    for name, blob in (("cut.pt", data[:-4096]), ("tail.pt", data[:-10]), ("half.pt", data[: len(data) // 2])):
+        (tmp_path / name).write_bytes(blob)
+        with pytest.raises(checkpoint.CorruptCheckpoint, match="truncated"):
+            checkpoint.load(tmp_path / name)
+    end = bytearray(data)
+    end[-100] ^= 0x01  # in the zip's directory
+    (tmp_path / "dir.pt").write_bytes(bytes(end))
+    with pytest.raises(checkpoint.CorruptCheckpoint):
+        checkpoint.verify(tmp_path / "dir.pt")
+        checkpoint.load(tmp_path / "dir.pt")
+    (tmp_path / "garbage.pt").write_bytes(b"garbage")
+    with pytest.raises(checkpoint.CorruptCheckpoint, match="not a mnistflow checkpoint"):
+        checkpoint.load(tmp_path / "garbage.pt")
+    assert not checkpoint.is_checkpoint_file(tmp_path / "garbage.pt")
+
+
+def test_a_plain_torch_save_is_not_a_checkpoint(tmp_path):
+    torch.save({"w": torch.zeros(2)}, tmp_path / "plain.pt")
+    assert not checkpoint.is_checkpoint_file(tmp_path / "plain.pt")
+    with pytest.raises(checkpoint.CorruptCheckpoint, match="not a mnistflow checkpoint"):
+        checkpoint.verify(tmp_path / "plain.pt")
+    with pytest.raises(MnistflowError, match="a plain torch file of 1 entries"):
+        load_any(tmp_path / "plain.pt")
+
+
+def test_a_pickle_payload_with_a_valid_checksum_is_refused(tmp_path):
+    class Evil:
+        def __reduce__(self):
+            return (print, ("executed",))
+
+    buf = io.BytesIO()
+    torch.save({"format_version": 2, "model": Evil()}, buf)
+    (tmp_path / "forged.pt").write_bytes(checkpoint.seal(buf.getvalue(), {"step": 1}))
+    checkpoint.verify(tmp_path / "forged.pt")  # the checksum is right...
+    with pytest.raises(MnistflowError, match="refused: the file carries a pickle payload"):
+        checkpoint.load(tmp_path / "forged.pt")  # ...the content is refused
+
+
+def test_version_1_checkpoints_still_load(tmp_path):
+    payload = _payload()
+    old = tmp_path / "step-000007.pt"
+    _write_v1(old, payload)
+    assert checkpoint.is_checkpoint_file(old) and checkpoint.read_header(old)["step"] == 7
+    loaded = checkpoint.load(old)
+    assert loaded["format_version"] == 1 and loaded["header"]["format_version"] == 1
+    assert all(torch.equal(loaded["model"][k], v) for k, v in payload["model"].items())
+    assert checkpoint.find_latest(tmp_path) == old
+    model, info = load_any(old)
+    assert info.model == "mlp" and all(torch.equal(model.state_dict()[k], v)
+                                       for k, v in payload["model"].items())
+    old.write_bytes(old.read_bytes()[:-50])
+    with pytest.raises(checkpoint.CorruptCheckpoint, match="truncated"):
+        checkpoint.load(old)
+
+
+def test_a_folder_of_version_1_checkpoints_goes_on_in_version_2(tmp_path):
+    folder = tmp_path / "checkpoints"
+    folder.mkdir()
+    _write_v1(folder / "step-000001.pt", _payload())
+    ck = checkpoint.CheckpointDir(folder, keep=2)
+    for step in (2, 3):
+        ck.save(step, _payload(), {"name": "val_acc", "value": step / 10, "step": step})
+    assert [s for s, _ in checkpoint.step_files(folder)] == [2, 3]
+    assert checkpoint.read_pointer(folder, checkpoint.LAST).name == "step-000003.pt"
+    assert checkpoint.read_pointer(folder, checkpoint.BEST).name == "step-000003.pt"
+    assert checkpoint.find_latest(folder).name == "step-000003.pt"
+
+
+def test_restore_is_strict_and_names_what_does_not_fit():
+    from mnistflow.models import create_model
+
+    payload = _payload()
+    fresh = create_model("mlp")
+    checkpoint.restore(payload, fresh, None, rng=False)
+    assert all(torch.equal(fresh.state_dict()[k], v) for k, v in payload["model"].items())
+    wrong = create_model("mlp", (1, 28, 28), 5)
+    with pytest.raises(MnistflowError, match=r"shape mismatch: fc3\.weight \(file 10x\d+, model 5x\d+\)"):
+        checkpoint.restore(payload, wrong, None, rng=False)
