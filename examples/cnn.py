@@ -32,7 +32,7 @@ print(f"hardest digit: {result['class_names'][worst]} ({100 * result['per_class_
 import numpy as np  # noqa: E402
 
 from mnistflow.artifacts.model_file import load_model  # noqa: E402
-from mnistflow.inference import predict_arrays  # noqa: E402
+from mnistflow.artifacts.predictor import predict_arrays  # noqa: E402
 
 model, info = load_model(summary["run_dir"])
 x, y = mnistflow.open_records(records).split("test")

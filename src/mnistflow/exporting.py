@@ -23,11 +23,11 @@ import torch
 import torch.nn as nn
 
 from mnistflow.artifacts.load import load_any
-from mnistflow.artifacts.model_file import META_KEY, ModelInfo, import_optional, unwrap
+from mnistflow.artifacts.model_file import META_KEY, ModelInfo, unwrap
 from mnistflow.artifacts.npz import globs, selected, write_npz
 from mnistflow.artifacts.onnx import OnnxBackend, quiet_exporter, session, to_onnx
 from mnistflow.artifacts.rundir import CHECKPOINTS, RunDir
-from mnistflow.core.errors import MnistflowError, display
+from mnistflow.core.errors import MnistflowError, display, import_optional
 from mnistflow.core.fsutil import atomic_write_bytes
 
 FORMATS = ("onnx", "npz", "safetensors")

@@ -69,15 +69,6 @@ def unwrap(model: nn.Module) -> nn.Module:
             return model
 
 
-def import_optional(module: str, extra: str = "onnx"):
-    """Import an optional dependency, or fail with one line telling what to install."""
-    try:
-        return importlib.import_module(module)
-    except ImportError:
-        raise MnistflowError(f"this needs the optional package '{module.split('.')[0]}': "
-                             f"pip install 'mnistflow[{extra}]'") from None
-
-
 # --- the one strict weight loader -------------------------------------------------------------
 
 def _dims(shape: Iterable[int]) -> str:

@@ -23,8 +23,8 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from mnistflow.artifacts.model_file import META_KEY, ModelInfo, import_optional, info_from_json, unwrap
-from mnistflow.core.errors import MnistflowError
+from mnistflow.artifacts.model_file import META_KEY, ModelInfo, info_from_json, unwrap
+from mnistflow.core.errors import MnistflowError, import_optional
 
 
 @contextlib.contextmanager

@@ -5,6 +5,7 @@ Every malformed input ends as ``MnistflowError``; the CLI prints it as one line,
 """
 from __future__ import annotations
 
+import importlib
 import os
 from pathlib import Path
 
@@ -30,3 +31,12 @@ def display(path: str | os.PathLike) -> str:
         return str(p.resolve().relative_to(Path.cwd().resolve()))
     except ValueError:
         return str(p)
+
+
+def import_optional(module: str, extra: str = "onnx"):
+    """Import an optional dependency, or fail with one line telling what to install."""
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise MnistflowError(f"this needs the optional package '{module.split('.')[0]}': "
+                             f"pip install 'mnistflow[{extra}]'") from None

@@ -35,7 +35,7 @@ def require_matplotlib():
     """matplotlib, or a one-line error saying what to install. Figures are made with
     ``matplotlib.figure.Figure`` and saved by the Agg renderer: no display, no pyplot state,
     and the backend of a notebook or script that calls ``report`` is left alone."""
-    from mnistflow.artifacts.model_file import import_optional
+    from mnistflow.core.errors import import_optional
 
     return import_optional("matplotlib", "report")
 
