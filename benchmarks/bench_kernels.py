@@ -97,10 +97,10 @@ def op_pairs() -> list[tuple[str, object, object]]:
     pairs.append(("batch norm + ReLU 32x7x7, inference, batch 2000",
                   lambda x=x, bn=bn: torch.no_grad()(lambda: F.relu(bn(x), inplace=True))(),
                   lambda x=x, ours=ours: torch.no_grad()(ours)(x)))
-    from mnistflow.kernels.layout import _col2im_torch, col2im
+    from mnistflow.kernels.layout import col2im, col2im_reference
     gc = torch.randn(B, 2, 2, 3, 3, 48).bfloat16()  # the fast net's last stage: 4x4 -> 2x2
     pairs.append(("col2im 3x3 windows of 48x4x4 (strided adds vs kernel)",
-                  lambda gc=gc: _col2im_torch(gc, 4, 4, 3), lambda gc=gc: col2im(gc, 4, 4, 3)))
+                  lambda gc=gc: col2im_reference(gc, 4, 4, 3), lambda gc=gc: col2im(gc, 4, 4, 3)))
     for c in (48, 96):
         x = torch.randn(B, c, 4, 4).bfloat16().contiguous(memory_format=CL)
         pairs.append((f"batch/channel swap {c}x4x4", lambda x=x: x.transpose(0, 1).contiguous(memory_format=CL),
@@ -114,8 +114,8 @@ def amx_pairs() -> list[tuple[str, object, object]]:
     from mnistflow import kernels
     from mnistflow.kernels import wgrad
 
-    if not wgrad.available():
-        print(f"(no AMX rows: {wgrad.reason()})")
+    if not kernels.amx_available():
+        print(f"(no AMX rows: {kernels.amx_reason()})")
         return []
     pairs = []
     for c, o, h in ((4, 32, 14), (32, 48, 7), (48, 96, 4)):

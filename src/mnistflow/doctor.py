@@ -16,7 +16,6 @@ def diagnose() -> dict:
 
     from mnistflow import kernels
     from mnistflow.core.paths import home
-    from mnistflow.kernels import wgrad
     from mnistflow.runtime.cpu import cpu_flags, cpu_has_fast_bf16, usable_cores
 
     kernels.library()  # builds and loads them if it can; reason() then says how that went
@@ -32,7 +31,7 @@ def diagnose() -> dict:
         "torch_threads": torch.get_num_threads(),
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "(unset)"),
         "native_kernels": kernels.reason(),
-        "amx_kernels": wgrad.reason(),
+        "amx_kernels": kernels.amx_reason(),
         "mnistflow_home": str(home()),
         "mnistflow_data": os.environ.get("MNISTFLOW_DATA", "(unset)"),
         "optional": {"tensorboard": _has("tensorboard"), "onnxruntime": _has("onnxruntime"),

@@ -77,7 +77,7 @@ def test_threads_and_interop_threads_are_applied(mnist_records, tmp_path):
 
 def test_interop_threads_too_late_is_a_warning_not_a_crash():
     code = ("import torch; torch.set_num_interop_threads(2)\n"
-            "from mnistflow.runtime import set_interop_threads\n"
+            "from mnistflow.runtime.cpu import set_interop_threads\n"
             "print(set_interop_threads(3), set_interop_threads(2))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
@@ -162,7 +162,7 @@ def test_training_on_a_gpu_with_a_memory_cap(mnist_records, tmp_path):
 
 
 _DENORMAL_PROBE = (
-    "import json, torch; from mnistflow.runtime import flush_denormals; torch.set_num_threads(2); "
+    "import json, torch; from mnistflow.runtime.cpu import flush_denormals; torch.set_num_threads(2); "
     "x = torch.full((4_000_000,), 1e-39); a = torch.randn(500, 500); (a @ a).sum(); (x * 1.0).sum(); "
     "on = flush_denormals(); y = x * 1.0; "  # OpenMP threads exist; 2 threads: each computes half of y
     "z = torch.tensor(1e-30).mul(1e-10); "  # read bits as integers: DAZ would hide a denormal

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import os
+import struct
 from pathlib import Path
 
 import pytest
@@ -31,10 +32,39 @@ def rebuilt(monkeypatch):
 
 
 def test_the_kernels_build_and_pass_their_self_check_here():
+    kernels.library.cache_clear()  # whatever an earlier test (or tier) left cached
     assert kernels.library() is not None, kernels.reason()
     assert kernels.reason().startswith("loaded")
     built = list(Path(os.environ["MNISTFLOW_HOME"], "kernels").glob("mnistflow-kernels-*.so"))
     assert len(built) == 1
+
+
+def _exported_functions(path: Path) -> set[str]:
+    """The functions a 64-bit little-endian ELF shared library exports (its .dynsym: defined,
+    global or weak, default visibility)."""
+    data = path.read_bytes()
+    assert data[:6] == b"\x7fELF\x02\x01", "not a 64-bit little-endian ELF file"
+    shoff, = struct.unpack_from("<Q", data, 0x28)
+    shentsize, shnum = struct.unpack_from("<HH", data, 0x3A)
+    sections = [struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize) for i in range(shnum)]
+    out = set()
+    for _, kind, _, _, offset, size, link, _, _, entsize in sections:
+        if kind != 11:  # SHT_DYNSYM
+            continue
+        strtab = sections[link][4]
+        for k in range(offset, offset + size, entsize):
+            name, info, other, shndx, _, _ = struct.unpack_from("<IBBHQQ", data, k)
+            if shndx != 0 and info & 0xF == 2 and info >> 4 in (1, 2) and other & 3 == 0:
+                out.add(data[strtab + name:data.index(b"\0", strtab + name)].decode())
+    return out
+
+
+@pytest.mark.skipif(not os.uname().sysname == "Linux", reason="reads an ELF library")
+def test_the_library_exports_exactly_the_declared_functions():
+    """csrc/mnistflow_kernels.h declares (and kernels.SIGNATURES binds, tests/unit/test_kernels_abi.py)
+    every exported function; -fvisibility=hidden keeps everything else inside the library."""
+    assert kernels.library() is not None, kernels.reason()
+    assert _exported_functions(kernels.build()) == set(kernels.SIGNATURES)
 
 
 def _inputs(shape, dtype, seed=0):
@@ -122,16 +152,42 @@ def _count_eval_kernel_calls(monkeypatch) -> list:
     return calls
 
 
+def _count_train_kernel_calls(monkeypatch) -> list:
+    calls = []
+    real = kernel_bnrelu.batch_norm_relu
+    monkeypatch.setattr(kernel_bnrelu, "batch_norm_relu", lambda *a: calls.append(1) or real(*a))
+    return calls
+
+
 @pytest.mark.parametrize("kw", [dict(affine=False), dict(track_running_stats=False), dict(momentum=None)])
 def test_batch_norm_relu_variants(kw, monkeypatch):
+    """Without affine parameters, running statistics or a momentum: the kernel runs (counted:
+    with affine=False no parameter needs a gradient, so the output's grad_fn cannot tell) and
+    gives PyTorch's outputs, input gradients, parameter gradients and running statistics."""
     ref, ours = _bn_pair(24, **kw)
     x = torch.randn(16, 24, 4, 4).contiguous(memory_format=CL)
-    for _ in range(3):
-        want, got = F.relu(ref(x)), ours(x)
-        assert torch.allclose(got, want, atol=1e-5)
-    assert type(got.grad_fn).__name__ == "_BatchNormReLUBackward" or not got.requires_grad
+    calls = _count_train_kernel_calls(monkeypatch)
+    for step in range(3):
+        g = torch.randn(x.shape).contiguous(memory_format=CL)
+        a, b = x.clone().requires_grad_(), x.clone().requires_grad_()
+        want, got = F.relu(ref(a)), ours(b)
+        assert type(got.grad_fn).__name__ == "_BatchNormReLUBackward"
+        assert got.abs().sum() > 0 and torch.allclose(got, want, atol=1e-5)
+        want.backward(g)
+        got.backward(g)
+        assert b.grad.abs().sum() > 0 and torch.allclose(b.grad, a.grad, atol=1e-5)
+        if ref.affine:
+            assert torch.allclose(ours.weight.grad, ref.weight.grad, atol=1e-4)
+            assert torch.allclose(ours.bias.grad, ref.bias.grad, atol=1e-4)
+        else:
+            assert ours.weight is None and ours.bias is None
+    assert len(calls) == 3
     if ref.track_running_stats:
+        assert torch.allclose(ours.running_mean, ref.running_mean, atol=1e-5)
         assert torch.allclose(ours.running_var, ref.running_var, atol=1e-5)
+        assert ours.num_batches_tracked.item() == 3
+    else:
+        assert ours.running_mean is None
     ours.eval(), ref.eval()
     calls = _count_eval_kernel_calls(monkeypatch)
     with torch.inference_mode():  # no running statistics: batch statistics, PyTorch's path
@@ -160,12 +216,22 @@ def test_a_fast_net_step_on_the_kernels_matches_one_on_pytorchs_ops(rebuilt):
     model = create_model("fast").to(memory_format=CL)
     x = torch.randn(64, 1, 28, 28).contiguous(memory_format=CL)
     y = torch.randint(0, 10, (64,))
+    kernels.reset_used()
     kern = {bf16: _fast_step(copy.deepcopy(model), x, y, bf16) for bf16 in (False, True)}
     assert any(type(m).__name__ == "BatchNormReLU2d" for m in model.modules())
+    used = kernels.used()  # what summary.json records: the ops that ran on a kernel
+    assert used["native"].startswith("loaded") and {"maxpool2x2", "bnrelu"} <= set(used["ops"])
+    assert ("conv3x3_wgrad" in used["ops"]) == kernels.amx_available()
+    with torch.no_grad():
+        model.eval()(x)
+    assert "bnrelu_eval" in kernels.used()["ops"]
+    model.train()
     rebuilt.setenv("MNISTFLOW_KERNELS", "0")
     kernels.library.cache_clear()
+    kernels.reset_used()
     assert kernels.library() is None and "off" in kernels.reason()
     ref = {bf16: _fast_step(copy.deepcopy(model), x, y, bf16) for bf16 in (False, True)}
+    assert kernels.used()["ops"] == []  # PyTorch's ops only
     for name, exact in ref[False].items():
         scale = exact.abs().max().item()
         # fp32: the same gradients up to the order of float sums
@@ -196,13 +262,13 @@ def test_no_compiler_means_pytorchs_ops_with_one_warning_and_nothing_half_writte
     assert "no C compiler" in capfd.readouterr().err
 
 
-# --- the AMX weight gradient (kernels/wgrad.c) ----------------------------------------------
+# --- the AMX weight gradient (kernels/csrc/wgrad.c) -----------------------------------------
 
 def _amx():
     from mnistflow.kernels import wgrad
 
-    if not wgrad.available():
-        pytest.skip(f"AMX weight-gradient kernel: {wgrad.reason()}")
+    if not kernels.amx_available():
+        pytest.skip(f"AMX weight-gradient kernel: {kernels.amx_reason()}")
     return wgrad
 
 
@@ -243,8 +309,8 @@ def test_fast_conv_has_nn_conv2ds_values_and_gradients(c, o, size, autocast, amx
     from mnistflow.models import fast
 
     monkeypatch.setenv("MNISTFLOW_AMX", amx)
-    on_amx = autocast and wgrad.available()
-    assert not (amx == "0" and wgrad.available())
+    on_amx = autocast and kernels.amx_available()
+    assert not (amx == "0" and kernels.amx_available())
     calls = {"amx": 0, "batch": 0}
     weight_grad, batch_apply = wgrad._weight_grad, fast._WeightGradOverBatch.apply
     monkeypatch.setattr(wgrad, "_weight_grad", lambda *a: calls.__setitem__("amx", calls["amx"] + 1) or weight_grad(*a))
@@ -296,7 +362,7 @@ def test_conv_max_pool_node_matches_the_two_layers(n, c, o, h, w):
 def test_without_amx_the_fast_net_trains_on_pytorchs_gradients(monkeypatch):
     """A CPU (or OS, or compiler) without AMX: the doctor's reason says so, and a bf16 step of the
     fast net takes oneDNN's gradients and PyTorch's Newton-Schulz, with the same gradients."""
-    from mnistflow.kernels import muon, wgrad
+    from mnistflow.training import optim
 
     lib = kernels.library()
     assert lib is not None, kernels.reason()
@@ -306,9 +372,9 @@ def test_without_amx_the_fast_net_trains_on_pytorchs_gradients(monkeypatch):
     y = torch.randint(0, 10, (64,))
     amx = _fast_step(copy.deepcopy(model), x, y, bf16=True)
     monkeypatch.setattr(lib, "amx_request", lambda: 1)
-    monkeypatch.setattr(wgrad, "_state", {})
-    assert not wgrad.available() and not muon.available()
-    assert wgrad.reason() == "unavailable: no AMX (this CPU, the OS or the compiler)"
+    monkeypatch.setattr(kernels, "_amx", {})
+    assert not kernels.amx_available() and not optim._amx_muon()
+    assert kernels.amx_reason() == "unavailable: no AMX (this CPU, the OS or the compiler)"
     plain = _fast_step(copy.deepcopy(model), x, y, bf16=True)
     for name, g in plain.items():
         scale = g.abs().max().item()

@@ -1,13 +1,17 @@
 """Native CPU kernels for the few ops where eager PyTorch is far from the memory bound.
 
-The C sources next to this file are compiled on first use with the system C compiler
-(``$CC``, else ``cc``; ``-O3 -march=native -fopenmp``) into mnistflow's cache
-(``$MNISTFLOW_HOME/kernels``, named by a hash of the sources, flags, compiler and CPU) and
-loaded with ctypes: no torch headers, so a build takes about a second. Every kernel is
-checked against PyTorch on a small input before it is used.
+The C sources in ``csrc/`` are compiled on first use with the system C compiler (``$CC``, else
+``cc``; ``-O3 -march=native -fopenmp``) into mnistflow's cache (``$MNISTFLOW_HOME/kernels``,
+named by a hash of the sources, flags, compiler and CPU) and loaded with ctypes: no torch
+headers, so a build takes about a second. ``csrc/mnistflow_kernels.h`` declares every exported
+function; ``SIGNATURES`` below is its ctypes twin (a unit test holds the two together). Every
+kernel is checked against its torch reference (beside it, one Python module per op) on a small
+input before it is used. The ABI and how to add a kernel: README.md beside this file.
 
 Nothing depends on them: with no compiler, a failed build or check, a non-CPU device, or
-``MNISTFLOW_KERNELS=0``, the callers use PyTorch's own ops (one warning says why).
+``MNISTFLOW_KERNELS=0``, the callers use PyTorch's own ops (one warning says why). The AMX
+kernels (``wgrad``, ``muon``) need more: a CPU and OS with AMX (``amx_available``), else
+PyTorch's ops too.
 
 Threads: the library links ``libgomp.so.1``, which resolves to the OpenMP runtime torch has
 already loaded, so the kernels share torch's thread pool and ``torch.get_num_threads()``. If a
@@ -28,17 +32,22 @@ from pathlib import Path
 
 import torch
 
-SOURCES = ("maxpool.c", "bnrelu.c", "layout.c", "wgrad.c", "muon.c")  # compiled
-HEADERS = ("bf16.h", "bnrelu_impl.h", "amx.h")  # included by them
-CFLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11")
+CSRC = Path(__file__).parent / "csrc"
+SOURCES = ("maxpool.c", "bnrelu.c", "layout.c", "wgrad.c", "muon.c")  # compiled, in csrc/
+HEADERS = ("mnistflow_kernels.h", "bf16.h", "bnrelu_impl.h", "amx.h")  # included by them
+# hidden by default: the library exports exactly what mnistflow_kernels.h declares
+CFLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11", "-fvisibility=hidden")
 
+# The ctypes bindings: every function csrc/mnistflow_kernels.h declares, name: (argument types,
+# return type); pointers, int64_t sizes, int threads, return codes as in README.md. The loader sets
+# them; tests/unit/test_kernels_abi.py checks them against the header.
 _P, _I = ctypes.c_void_p, ctypes.c_int64
 _D, _N = ctypes.c_double, ctypes.c_int
 _POOL_FORWARD = ([_P, _P, _P, _I, _I, _I, _I, _N], _N)  # returns 0, or 1: no memory
 _POOL_BACKWARD = ([_P, _P, _P, _I, _I, _I, _I, _N], None)
 _BN_FORWARD = ([_P, _P, _P, _P, _P, _P, _P, _P, _I, _I, _D, _D, _N], _N)  # returns 0, or 1: no memory
 _BN_BACKWARD = ([_P, _P, _P, _P, _P, _P, _P, _P, _P, _I, _I, _N], _N)
-_SIGNATURES = {  # name: (argument types, return type)
+SIGNATURES = {
     "maxpool2x2_forward_bf16": _POOL_FORWARD, "maxpool2x2_forward_f32": _POOL_FORWARD,
     "maxpool2x2_backward_u16": _POOL_BACKWARD, "maxpool2x2_backward_u32": _POOL_BACKWARD,
     "bnrelu_forward_bf16": _BN_FORWARD, "bnrelu_forward_f32": _BN_FORWARD,
@@ -53,7 +62,9 @@ _SIGNATURES = {  # name: (argument types, return type)
     "newton_schulz_bf16": ([_N, ctypes.POINTER(_P), ctypes.POINTER(_I), ctypes.POINTER(_I), _N, _N], _N),
 }
 
-_state: dict = {"reason": "not loaded yet"}
+_state: dict = {"reason": "not loaded yet"}  # the library's
+_amx: dict = {}  # the AMX kernels': key (what it was checked for), ok, reason
+_used: set[str] = set()  # the ops that ran on a kernel (mark_used)
 
 
 class KernelBuildError(RuntimeError):
@@ -78,9 +89,8 @@ def _library_path(cc: str) -> Path:
     """The cached library's path: a hash of everything that changes the binary."""
     from mnistflow.runtime.cpu import cpu_flags
     h = hashlib.sha256()
-    here = Path(__file__).parent
     for name in SOURCES + HEADERS:
-        h.update((here / name).read_bytes())
+        h.update((CSRC / name).read_bytes())
     h.update(" ".join(CFLAGS).encode())
     h.update(subprocess.run([cc, "--version"], capture_output=True, text=True).stdout.encode())
     h.update(platform.machine().encode())
@@ -97,11 +107,10 @@ def build(cc: str | None = None) -> Path:
     if path.exists():
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
-    here = Path(__file__).parent
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
     try:
-        cmd = [cc, *CFLAGS, "-o", tmp, *(str(here / s) for s in SOURCES)]
+        cmd = [cc, *CFLAGS, "-o", tmp, *(str(CSRC / s) for s in SOURCES)]
         r = subprocess.run(cmd, capture_output=True, text=True)
         if r.returncode != 0:
             lines = r.stderr.strip().splitlines() or ["(no output)"]
@@ -125,7 +134,7 @@ def _openmp_runtimes() -> set[str]:
 
 def _load() -> ctypes.CDLL:
     lib = ctypes.CDLL(str(build()))
-    for name, (args, ret) in _SIGNATURES.items():
+    for name, (args, ret) in SIGNATURES.items():
         fn = getattr(lib, name)
         fn.argtypes, fn.restype = args, ret
     return lib
@@ -154,6 +163,61 @@ def library() -> ctypes.CDLL | None:
     _state["reason"] = "loaded" + (" (1 thread: a second OpenMP runtime is loaded)"
                                    if _state["single_thread"] else "")
     return lib
+
+
+def amx_available() -> bool:
+    """The kernel library is loaded, this CPU and OS run AMX, and the AMX kernels (``wgrad``'s
+    and ``muon``'s) agreed with their torch references on small inputs (checked once per loaded
+    library); ``amx_reason()`` is the doctor's "AMX kernels" line."""
+    off = os.environ.get("MNISTFLOW_AMX", "1").strip().lower() in ("0", "off", "false", "no")
+    lib = None if off else library()
+    if _amx.get("key") != (off, id(lib)):
+        ok = False
+        if off:
+            why = "off (MNISTFLOW_AMX=0)"
+        elif lib is None:
+            why = "native kernels not loaded"
+        elif lib.amx_request() != 0:
+            why = "unavailable: no AMX (this CPU, the OS or the compiler)"
+        else:
+            try:
+                from mnistflow.kernels import muon, wgrad
+
+                with torch.inference_mode(False), torch.enable_grad(), torch.autocast("cpu", enabled=False):
+                    wgrad.self_check(lib)
+                    muon.self_check(lib)
+                ok, why = True, "loaded"
+            except Exception as e:  # a wrong result or a failed call: PyTorch's ops, said once
+                from mnistflow.core.log import warn
+                why = f"unavailable: {e}"
+                warn(f"the AMX kernels are {why}; using PyTorch's ops (slower)")
+        _amx.update(key=(off, id(lib)), ok=ok, reason=why)
+    return _amx["ok"]
+
+
+def amx_reason() -> str:
+    """One line for ``mnistflow doctor``: loaded, off, or why unavailable."""
+    amx_available()
+    return _amx["reason"]
+
+
+def mark_used(op: str) -> None:
+    """Note that ``op`` ran on its native kernel in this process (one set insert: cheap enough
+    for every call)."""
+    _used.add(op)
+
+
+def used() -> dict:
+    """What the native kernels did in this process, for summary.json: the library's state
+    (``reason()``), the AMX kernels' (or "not checked" when nothing asked for them), and the
+    ops that ran on a kernel since the start or ``reset_used()`` (sorted; empty when none did).
+    Builds and checks nothing."""
+    return {"native": _state["reason"], "amx": _amx.get("reason", "not checked"), "ops": sorted(_used)}
+
+
+def reset_used() -> None:
+    """Forget the ops recorded so far (a run that starts in a process that already trained)."""
+    _used.clear()
 
 
 def threads() -> int:

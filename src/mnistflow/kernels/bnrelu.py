@@ -1,10 +1,10 @@
-"""Batch norm + ReLU on the native kernel (``bnrelu.c``): training mode with autograd, and
+"""Batch norm + ReLU on the native kernel (``csrc/bnrelu.c``): training mode with autograd, and
 inference from the running statistics.
 
 Replaces four PyTorch kernels (batch norm, ReLU and their backwards, two passes each) by two
 passes each way. Same results as ``F.relu(F.batch_norm(..., training=True))`` up to the
 order of float sums (statistics accumulate in double); running statistics are updated the
-same way (unbiased variance, ``momentum``).
+same way (unbiased variance, ``momentum``). ``reference`` is that PyTorch op.
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
-from mnistflow.kernels import library, threads
+from mnistflow.kernels import library, mark_used, threads
 from mnistflow.kernels.pool import nhwc
 
 _FORWARD = {torch.bfloat16: "bnrelu_forward_bf16", torch.float32: "bnrelu_forward_f32"}
@@ -88,9 +88,16 @@ class _BatchNormReLU(torch.autograd.Function):
         return gx, gw, gb, None, None, None, None
 
 
+def reference(x, weight, bias, running_mean, running_var, training: bool, momentum: float,
+              eps: float) -> torch.Tensor:
+    """The PyTorch ops the kernels replace: ``relu(batch_norm(...))``."""
+    return F.relu(F.batch_norm(x, running_mean, running_var, weight, bias, training, momentum, eps))
+
+
 def batch_norm_relu(x, weight, bias, running_mean, running_var, momentum: float, eps: float):
-    """``relu(batch_norm(x, ..., training=True))`` on the kernel; the caller checks ``supports``.
+    """``reference(..., training=True)`` on the kernel; the caller checks ``supports``.
     ``running_mean`` / ``running_var`` (or None) are updated in place."""
+    mark_used("bnrelu")
     return _BatchNormReLU.apply(x, weight, bias, running_mean, running_var, momentum, eps)
 
 
@@ -98,6 +105,7 @@ def batch_norm_relu_eval(x, weight, bias, running_mean, running_var, eps: float)
     """``relu(batch_norm(x, running_mean, running_var, weight, bias, training=False))`` in one
     pass on the kernel (PyTorch's two took 15 of the fast net's 61 ms test pass); no autograd.
     The caller checks ``supports`` (with running statistics)."""
+    mark_used("bnrelu_eval")
     scale = torch.rsqrt(running_var + eps)
     if weight is not None:
         scale = scale * weight
@@ -123,7 +131,7 @@ def self_check(lib) -> None:
         rm2, rv2 = rm.clone(), rv.clone()
         g = torch.randn(x.shape, generator=gen).to(dtype).contiguous(memory_format=torch.channels_last)
         xr, wr, br = (t.clone().requires_grad_() for t in (x, w, b))
-        want = F.relu(F.batch_norm(xr, rm2, rv2, wr, br, True, 0.1, 1e-5))
+        want = reference(xr, wr, br, rm2, rv2, True, 0.1, 1e-5)
         want.backward(g)
         y, mean, invstd = _forward(lib, x, w, b, rm, rv, 0.1, 1e-5)
         gx, gw, gb = _backward(lib, g, y, x, w, mean, invstd, True, True)
@@ -137,6 +145,6 @@ def self_check(lib) -> None:
         y = torch.empty_like(x)
         getattr(lib, _EVAL[dtype])(x.data_ptr(), y.data_ptr(), scale.data_ptr(), shift.data_ptr(),
                                    x.numel() // 37, 37, 1)
-        want = F.relu(F.batch_norm(x.float(), rm, rv, w, b, False, 0.1, 1e-5))
+        want = reference(x.float(), w, b, rm, rv, False, 0.1, 1e-5)
         if not torch.allclose(y.float(), want, rtol=tol, atol=tol * max(1.0, want.abs().max().item())):
             raise RuntimeError(f"the batch-norm inference kernel disagrees with PyTorch ({dtype}): miscompiled?")

@@ -1,10 +1,11 @@
-"""Layout ops on the native kernel: swapping the batch and channel axes of channels-last
-tensors, and col2im (the input gradient of a convolution computed as a matrix product)."""
+"""Layout ops on the native kernel (``csrc/layout.c``): swapping the batch and channel axes of
+channels-last tensors, and col2im (the input gradient of a convolution computed as a matrix
+product); ``swap_reference`` and ``col2im_reference`` are their PyTorch twins."""
 from __future__ import annotations
 
 import torch
 
-from mnistflow.kernels import library, threads
+from mnistflow.kernels import library, mark_used, threads
 from mnistflow.kernels.pool import nhwc
 
 _SWAP = {2: "swap_nc_u16", 4: "swap_nc_u32"}  # by element size
@@ -20,7 +21,8 @@ def swap_batch_channels(x: torch.Tensor) -> torch.Tensor:
             and nhwc(x) and not torch.compiler.is_compiling()):
         lib = library()
     if lib is None:
-        return x.transpose(0, 1).contiguous(memory_format=torch.channels_last)
+        return swap_reference(x)
+    mark_used("swap_nc")
     n, c, h, w = x.shape
     out = torch.empty((c, n, h, w), dtype=x.dtype, memory_format=torch.channels_last)
     getattr(lib, _SWAP[x.element_size()])(x.data_ptr(), out.data_ptr(), n, h * w, c, threads())
@@ -35,13 +37,20 @@ def col2im(gc: torch.Tensor, h: int, w: int, k: int) -> torch.Tensor:
     lib = library() if (gc.device.type == "cpu" and gc.dtype in _COL2IM and gc.is_contiguous()
                         and not torch.compiler.is_compiling()) else None
     if lib is not None:
+        mark_used("col2im")
         gx = torch.empty((n, h, w, c), dtype=gc.dtype)
         getattr(lib, _COL2IM[gc.dtype])(gc.data_ptr(), gx.data_ptr(), n, h, w, c, k, threads())
         return gx.permute(0, 3, 1, 2)
-    return _col2im_torch(gc, h, w, k)
+    return col2im_reference(gc, h, w, k)
 
 
-def _col2im_torch(gc: torch.Tensor, h: int, w: int, k: int) -> torch.Tensor:
+def swap_reference(x: torch.Tensor) -> torch.Tensor:
+    """``swap_batch_channels`` in PyTorch (any device, layout and dtype)."""
+    return x.transpose(0, 1).contiguous(memory_format=torch.channels_last)
+
+
+def col2im_reference(gc: torch.Tensor, h: int, w: int, k: int) -> torch.Tensor:
+    """``col2im`` in PyTorch (any device and dtype): strided adds into a zeroed gradient."""
     n, oh, ow, _, _, c = gc.shape
     gx = torch.zeros((n, h, w, c), dtype=gc.dtype, device=gc.device)
     if oh * ow <= k * k:  # one strided add per window, or per tap: the fewer
@@ -56,17 +65,19 @@ def _col2im_torch(gc: torch.Tensor, h: int, w: int, k: int) -> torch.Tensor:
 
 
 def self_check(lib) -> None:
+    """Compare with the references on small inputs (odd sizes, a 1x1 window); raise on a
+    difference (a miscompiled library)."""
     for dtype in (torch.bfloat16, torch.float32):
         x = torch.randn(19, 21, 3, 2).to(dtype).contiguous(memory_format=torch.channels_last)
         n, c, h, w = x.shape
         out = torch.empty((c, n, h, w), dtype=dtype, memory_format=torch.channels_last)
         getattr(lib, _SWAP[x.element_size()])(x.data_ptr(), out.data_ptr(), n, h * w, c, 1)
-        if not torch.equal(out, x.transpose(0, 1)):
+        if not torch.equal(out, swap_reference(x)):
             raise RuntimeError(f"the layout kernel disagrees with PyTorch ({dtype}): miscompiled?")
         for (h, w, k) in ((4, 4, 3), (5, 7, 3), (3, 3, 1)):
             gc = torch.randn(3, h - k + 1, w - k + 1, k, k, 5).to(dtype)
             gx = torch.empty((3, h, w, 5), dtype=dtype)
             getattr(lib, _COL2IM[dtype])(gc.data_ptr(), gx.data_ptr(), 3, h, w, 5, k, 1)
-            ref = _col2im_torch(gc.float(), h, w, k).permute(0, 2, 3, 1).to(dtype)
+            ref = col2im_reference(gc.float(), h, w, k).permute(0, 2, 3, 1).to(dtype)
             if not torch.allclose(gx.float(), ref.float(), rtol=1e-2, atol=1e-2):
                 raise RuntimeError(f"the col2im kernel disagrees with PyTorch ({dtype}): miscompiled?")

@@ -1,10 +1,11 @@
-"""Muon's Newton-Schulz orthogonalization on the AMX matrix engine (``muon.c``).
+"""Muon's Newton-Schulz orthogonalization: the PyTorch iteration (``orthogonalize``, the
+reference and the path everywhere the kernel is not), and the AMX kernel (``csrc/muon.c``).
 
 PyTorch ran each Newton-Schulz step of each weight matrix as three small fp32 calls: for the
 fast net's three matrices, 27 calls and ~0.7 ms of a ~10 ms training step. The kernel does a
 whole step's matrices in one call (bf16 products accumulated in fp32, the iterate kept in
 fp32, the matrices spread over the threads): ~0.2 ms. Where it does not apply (no AMX, CUDA
-tensors, ``MNISTFLOW_AMX=0``) ``optim.orthogonalize`` runs instead.
+tensors, ``MNISTFLOW_AMX=0``: ``kernels.amx_available``) ``orthogonalize`` runs instead.
 """
 from __future__ import annotations
 
@@ -12,37 +13,59 @@ import ctypes
 
 import torch
 
-from mnistflow.kernels import library, threads, wgrad
+from mnistflow.kernels import library, mark_used, threads
+
+_A, _B, _C = 3.4445, -4.7750, 2.0315  # the quintic's coefficients (Jordan et al., 2024)
 
 
-def available() -> bool:
-    """AMX is usable and this kernel passed its check (both in ``wgrad.available``)."""
-    return wgrad.available()
+def orthogonalize(g: torch.Tensor, steps: int = 3) -> torch.Tensor:
+    """``g`` (rows, cols) with its singular values pushed towards 1: roughly ``U V^T`` of its SVD.
+
+    Muon's quintic Newton-Schulz iteration (coefficients from Jordan et al., 2024): three steps
+    leave the singular values in about [0.7, 1.2], which trains as well as the exact ``U V^T``.
+    In fp32 below 65,536 entries (the matrices are tiny and the passes cost more than the
+    math); in bf16 above, where the matrix engine is several times faster.
+    """
+    x = g.to(torch.bfloat16 if g.numel() >= 1 << 16 else torch.float32)
+    wide = x.size(0) <= x.size(1)
+    if not wide:
+        x = x.T
+    x = x / (x.norm() + 1e-7)  # spectral norm <= Frobenius norm <= 1: inside the iteration's range
+    for _ in range(steps):
+        xx = x @ x.T  # (rows, rows): the small side
+        x = torch.addmm(x, torch.addmm(xx, xx, xx, beta=_B, alpha=_C), x, beta=_A)
+    return (x if wide else x.T).to(g.dtype)
 
 
 def newton_schulz(mats: list[torch.Tensor], steps: int) -> list[torch.Tensor]:
     """Each 2-D fp32 CPU tensor normalized to Frobenius norm 1, then ``steps`` quintic
-    Newton-Schulz steps, as ``optim.orthogonalize`` does, in one kernel call; new tensors.
-    The caller checks ``available``."""
+    Newton-Schulz steps, as ``orthogonalize`` does, in one kernel call with bf16 products; new
+    tensors. The caller checks ``kernels.amx_available``."""
+    mark_used("newton_schulz")
+    return _newton_schulz(library(), mats, steps)
+
+
+def _newton_schulz(lib, mats: list[torch.Tensor], steps: int) -> list[torch.Tensor]:
     # rows <= cols; a contiguous copy of each (the kernel works in place)
     work = [(m.T if m.shape[0] > m.shape[1] else m).clone(memory_format=torch.contiguous_format) for m in mats]
     n = len(work)
     ptrs = (ctypes.c_void_p * n)(*[w.data_ptr() for w in work])
     rows = (ctypes.c_int64 * n)(*[w.shape[0] for w in work])
     cols = (ctypes.c_int64 * n)(*[w.shape[1] for w in work])
-    if library().newton_schulz_bf16(n, ptrs, rows, cols, steps, threads()):
+    rc = lib.newton_schulz_bf16(n, ptrs, rows, cols, steps, threads())
+    if rc == 1:
         raise MemoryError("Newton-Schulz kernel: out of memory")
+    if rc:
+        raise RuntimeError(f"Newton-Schulz kernel: failed (code {rc})")
     return [w.T if m.shape[0] > m.shape[1] else w for m, w in zip(mats, work)]
 
 
-def self_check() -> None:
-    """Compare with ``optim.orthogonalize`` (fp32) on wide, tall and padded shapes; bf16
-    products leave the result within a few percent."""
-    from mnistflow.training.optim import orthogonalize
-
+def self_check(lib) -> None:
+    """Compare with ``orthogonalize`` (fp32) on wide, tall and padded shapes; bf16 products
+    leave the result within a few percent."""
     gen = torch.Generator().manual_seed(0)
     mats = [torch.randn(r, c, generator=gen) for r, c in ((32, 36), (20, 70), (50, 17))]
-    for m, got in zip(mats, newton_schulz(mats, 3)):
+    for m, got in zip(mats, _newton_schulz(lib, mats, 3)):
         want = orthogonalize(m, 3)
         if got.shape != m.shape or (got - want).norm() > 0.05 * want.norm():
             raise RuntimeError(f"the Newton-Schulz kernel disagrees with PyTorch for {tuple(m.shape)}: miscompiled?")

@@ -1,4 +1,5 @@
-"""2x2 stride-2 max-pooling on the native kernel (``maxpool.c``), with autograd.
+"""2x2 stride-2 max-pooling on the native kernel (``csrc/maxpool.c``), with autograd;
+``reference`` is the PyTorch op it matches bit for bit.
 
 Measured on the 2-core development CPU (bf16, batch 256, channels-last, 2 threads), the fast
 net's 14x14x32 pool took 0.36 + 0.26 ms forward + backward against PyTorch's ~0.4 + 0.7-1.1 ms
@@ -10,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
-from mnistflow.kernels import library, threads
+from mnistflow.kernels import library, mark_used, threads
 
 _FORWARD = {torch.bfloat16: "maxpool2x2_forward_bf16", torch.float32: "maxpool2x2_forward_f32"}
 _BACKWARD = {2: "maxpool2x2_backward_u16", 4: "maxpool2x2_backward_u32"}  # by element size
@@ -70,8 +71,14 @@ class _MaxPool2x2(torch.autograd.Function):
         return _backward(library(), g, code, ctx.shape)
 
 
+def reference(x: torch.Tensor) -> torch.Tensor:
+    """The PyTorch op the kernel replaces (values and gradient, bit for bit)."""
+    return F.max_pool2d(x, 2, ceil_mode=True)
+
+
 def max_pool2x2(x: torch.Tensor) -> torch.Tensor:
-    """``F.max_pool2d(x, 2, ceil_mode=True)`` on the kernel; the caller checks ``supports``."""
+    """``reference(x)`` on the kernel; the caller checks ``supports``."""
+    mark_used("maxpool2x2")
     return _MaxPool2x2.apply(x)
 
 
@@ -83,7 +90,7 @@ def self_check(lib) -> None:
         x = torch.randint(-3, 4, (3, 37, 5, 7), generator=gen).to(dtype)  # small ints: many ties
         x = x.contiguous(memory_format=torch.channels_last)
         ref = x.clone().requires_grad_()
-        want = F.max_pool2d(ref, 2, ceil_mode=True)
+        want = reference(ref)
         g = torch.randn(want.shape, generator=gen).to(dtype).contiguous(memory_format=torch.channels_last)
         want.backward(g)
         y, code = _forward(lib, x)

@@ -1,67 +1,23 @@
-"""The weight gradient of 3x3 convolutions on the AMX matrix engine (``wgrad.c``).
+"""The weight gradient of 3x3 convolutions on the AMX matrix engine (``csrc/wgrad.c``).
 
 oneDNN's bf16 backward-weights kernel ran the fast net's convolutions (4-96 channels, 14x14
 to 4x4 maps, batch 384) at 2-4x the time of their forward convolutions: its reduction runs
 over all N*H*W pixels with only O x 9C outputs. ``wgrad.c`` splits the pixels across the
 threads, packs them in L2-sized chunks and accumulates on AMX tiles (BENCHMARKS.md).
+``weight_grad_reference`` is the PyTorch op it matches.
 
-Needs a CPU with AMX (``amx_bf16``) and a Linux kernel that grants its register state; the
-check below runs once, and anything else (no AMX, another shape, ``MNISTFLOW_AMX=0``) takes
-PyTorch's gradient.
+Needs a CPU with AMX (``amx_bf16``) and a Linux kernel that grants its register state;
+``kernels.amx_available`` checks that once, and anything else (no AMX, another shape,
+``MNISTFLOW_AMX=0``) takes PyTorch's gradient.
 """
 from __future__ import annotations
-
-import os
 
 import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
-from mnistflow.kernels import library, pool, threads
+from mnistflow.kernels import amx_available, library, mark_used, pool, threads
 from mnistflow.kernels.pool import nhwc
-
-_state: dict = {}
-
-
-def _off() -> bool:
-    return os.environ.get("MNISTFLOW_AMX", "1").strip().lower() in ("0", "off", "false", "no")
-
-
-def available() -> bool:
-    """The kernel library is loaded, this CPU and OS run AMX, and the AMX kernels (these and
-    ``kernels.muon``'s) agreed with PyTorch on small inputs (checked once per loaded library);
-    ``reason()`` is the doctor's "AMX kernels" line."""
-    off = _off()
-    lib = None if off else library()
-    if _state.get("key") != (off, id(lib)):
-        ok = False
-        if off:
-            _state["reason"] = "off (MNISTFLOW_AMX=0)"
-        elif lib is None:
-            _state["reason"] = "native kernels not loaded"
-        elif lib.amx_request() != 0:
-            _state["reason"] = "unavailable: no AMX (this CPU, the OS or the compiler)"
-        else:
-            try:
-                from mnistflow.kernels import muon
-
-                with torch.inference_mode(False), torch.enable_grad(), torch.autocast("cpu", enabled=False):
-                    self_check(lib)
-                    muon.self_check()
-                ok = True
-                _state["reason"] = "loaded"
-            except Exception as e:  # a wrong result or a failed call: PyTorch's ops, said once
-                from mnistflow.core.log import warn
-                _state["reason"] = f"unavailable: {e}"
-                warn(f"the AMX kernels are {_state['reason']}; using PyTorch's ops (slower)")
-        _state.update(key=(off, id(lib)), ok=ok)
-    return _state["ok"]
-
-
-def reason() -> str:
-    """One line for ``mnistflow doctor``."""
-    available()
-    return _state["reason"]
 
 
 def supports(x: torch.Tensor, out_channels: int) -> bool:
@@ -71,7 +27,7 @@ def supports(x: torch.Tensor, out_channels: int) -> bool:
     c = x.shape[1] if x.dim() == 4 else 0
     return (x.device.type == "cpu" and x.dim() == 4 and x.dtype == torch.bfloat16 and x.numel() > 0
             and out_channels % 16 == 0 and (c % 16 == 0 or 3 * c <= 16) and nhwc(x)
-            and not torch.jit.is_tracing() and not torch.compiler.is_compiling() and available())
+            and not torch.jit.is_tracing() and not torch.compiler.is_compiling() and amx_available())
 
 
 def _check(rc: int, kernel: str, x: torch.Tensor, out_channels: int) -> None:
@@ -80,6 +36,14 @@ def _check(rc: int, kernel: str, x: torch.Tensor, out_channels: int) -> None:
         raise MemoryError(f"{kernel} kernel: out of memory")
     if rc:
         raise RuntimeError(f"{kernel} kernel: unsupported shape {tuple(x.shape)} -> {out_channels} (code {rc})")
+
+
+def weight_grad_reference(x: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    """The weight gradient (O, C, 3, 3) of ``conv2d(x, w, padding=1)`` for the output gradient
+    ``g``, by PyTorch (oneDNN on CPUs), in the dtype of ``x``."""
+    w = torch.zeros(g.shape[1], x.shape[1], 3, 3, dtype=x.dtype)
+    return torch.ops.aten.convolution_backward(g, x, w, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1,
+                                               [False, True, False])[1]
 
 
 def _weight_grad(lib, x: torch.Tensor, g: torch.Tensor, code: torch.Tensor | None = None) -> torch.Tensor:
@@ -172,6 +136,7 @@ def conv3x3_maxpool(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     images no longer writes and reads back a 125 MB convolution output."""
     if x.requires_grad:
         raise ValueError("conv3x3_maxpool: the input must not need a gradient")
+    mark_used("conv3x3_maxpool")
     if not (torch.is_grad_enabled() and weight.requires_grad) and 3 * x.shape[1] <= 16:
         return _conv_max_pool(library(), x, weight.to(torch.bfloat16), codes=False)[0]
     return _Conv3x3MaxPool.apply(x, weight)
@@ -180,6 +145,7 @@ def conv3x3_maxpool(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 def conv3x3(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """``F.conv2d(x, weight, padding=1)`` in bf16 (``x`` bf16, ``weight`` any float dtype),
     with the kernel's weight gradient; the caller checks ``supports``."""
+    mark_used("conv3x3_wgrad")
     return _Conv3x3.apply(x, weight)
 
 
@@ -192,9 +158,7 @@ def self_check(lib) -> None:
         x = torch.randn(n, c, h, w, generator=gen).to(torch.bfloat16).contiguous(memory_format=torch.channels_last)
         g = torch.randn(n, o, h, w, generator=gen).to(torch.bfloat16).contiguous(memory_format=torch.channels_last)
         got = _weight_grad(lib, x, g)
-        want = torch.ops.aten.convolution_backward(g.float(), x.float(), torch.zeros(o, c, 3, 3), None,
-                                                   [1, 1], [1, 1], [1, 1], False, [0, 0], 1,
-                                                   [False, True, False])[1]
+        want = weight_grad_reference(x.float(), g.float())
         if not torch.allclose(got, want, rtol=1e-4, atol=1e-4 * want.abs().max().item()):
             raise RuntimeError("the weight-gradient kernel disagrees with PyTorch: miscompiled?")
     # the first layer's node: the fused forward, and the weight gradient from the pool's

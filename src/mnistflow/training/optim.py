@@ -5,6 +5,9 @@ import math
 
 import torch
 
+from mnistflow.kernels import amx_available
+from mnistflow.kernels.muon import orthogonalize  # Newton-Schulz in PyTorch, beside its AMX kernel
+
 OPTIMIZERS = ("sgd", "momentum", "adadelta", "adagrad", "adam", "adamw", "rmsprop", "muon")
 SCHEDULES = ("constant", "step", "cosine", "onecycle", "linear")
 
@@ -44,26 +47,6 @@ def build_optimizer(name: str, params, lr: float, *, momentum: float = 0.9, nest
         return Muon(params, lr, muon_lr=muon_lr, muon_momentum=muon_momentum, momentum=momentum,
                     nesterov=nesterov, weight_decay=wd, bf16_products=bf16_products)
     raise ValueError(name)  # validated in config
-
-
-def orthogonalize(g: torch.Tensor, steps: int = 3) -> torch.Tensor:
-    """``g`` (rows, cols) with its singular values pushed towards 1: roughly ``U V^T`` of its SVD.
-
-    Muon's quintic Newton-Schulz iteration (coefficients from Jordan et al., 2024): three steps
-    leave the singular values in about [0.7, 1.2], which trains as well as the exact ``U V^T``.
-    In fp32 below 65,536 entries (the matrices are tiny and the passes cost more than the
-    math); in bf16 above, where the matrix engine is several times faster.
-    """
-    a, b, c = 3.4445, -4.7750, 2.0315
-    x = g.to(torch.bfloat16 if g.numel() >= 1 << 16 else torch.float32)
-    wide = x.size(0) <= x.size(1)
-    if not wide:
-        x = x.T
-    x = x / (x.norm() + 1e-7)  # spectral norm <= Frobenius norm <= 1: inside the iteration's range
-    for _ in range(steps):
-        xx = x @ x.T  # (rows, rows): the small side
-        x = torch.addmm(x, torch.addmm(xx, xx, xx, beta=b, alpha=c), x, beta=a)
-    return (x if wide else x.T).to(g.dtype)
 
 
 class Muon(torch.optim.Optimizer):
@@ -148,9 +131,8 @@ def _orthogonal_updates(us: list[torch.Tensor], steps: int, bf16_products: bool)
 
 
 def _amx_muon() -> bool:
-    from mnistflow.kernels import muon
-
-    return muon.available()
+    """The AMX Newton-Schulz kernel is usable here (checked once)."""
+    return amx_available()
 
 
 def _fusable(params) -> bool:

@@ -16,6 +16,7 @@
 #include <omp.h>
 
 #include "bf16.h"
+#include "mnistflow_kernels.h"
 
 #define BLOCK 16  /* channels per inner call: one AVX-512 vector of floats */
 #define MAX_THREADS 64

@@ -25,6 +25,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "mnistflow_kernels.h"
+
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__) && defined(__AVX512BW__) \
     && defined(__linux__)
 #include <omp.h>

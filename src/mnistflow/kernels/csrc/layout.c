@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 #include "bf16.h"
+#include "mnistflow_kernels.h"
 
 #define TILE 16
 

@@ -20,6 +20,7 @@
 #include <stdlib.h>
 
 #include "bf16.h"
+#include "mnistflow_kernels.h"
 
 #define MAX4(NAME, T, LOAD)                                                                    \
 static inline void NAME(const T *restrict a, const T *restrict b, const T *restrict c,       \

@@ -1,0 +1,89 @@
+"""Muon's Newton-Schulz reference (``kernels.muon.orthogonalize``, the path wherever the AMX
+kernel is not) and the optimizer around it: which parameters it takes, one step by hand. No
+native library: the AMX kernel's own tests are in tests/integration/test_muon.py."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mnistflow import kernels
+from mnistflow.kernels.muon import orthogonalize
+from mnistflow.models import create_model, list_models
+from mnistflow.training import optim
+from mnistflow.training.optim import Muon, build_optimizer
+
+
+@pytest.fixture(autouse=True)
+def _no_native_library(monkeypatch):
+    """PyTorch's path, and no build attempt (a compiler is a subprocess) cached for later tiers."""
+    monkeypatch.setenv("MNISTFLOW_KERNELS", "0")
+    kernels.library.cache_clear()
+    yield
+    kernels.library.cache_clear()
+
+
+def test_the_optimizer_uses_the_reference_beside_the_kernel():
+    assert optim.orthogonalize is orthogonalize
+    assert not optim._amx_muon()  # no library: PyTorch's iteration
+
+
+@pytest.mark.parametrize("shape", [(96, 432), (432, 96), (32, 36), (300, 1152), (20, 70)])
+def test_orthogonalize_keeps_the_directions_and_evens_the_singular_values(shape):
+    g = torch.Generator().manual_seed(0)
+    # a badly conditioned matrix: singular values spread over three decades
+    u, _ = torch.linalg.qr(torch.randn(shape[0], min(shape), generator=g))
+    v, _ = torch.linalg.qr(torch.randn(shape[1], min(shape), generator=g))
+    s = torch.logspace(0, -3, min(shape))
+    m = u @ torch.diag(s) @ v.T
+    o = orthogonalize(m)
+    assert o.shape == m.shape and o.dtype == m.dtype
+    o = o.double()
+    # in the input's singular basis the output is diagonal, with every value in [0.5, 1.3]
+    d = u.double().T @ o @ v.double()
+    diag = torch.diagonal(d)
+    off = d - torch.diag(diag)
+    assert off.abs().max() < 0.03 * (3 if m.numel() >= 1 << 16 else 1)  # bf16 products above 65,536
+    # three steps multiply a small singular value by up to 3.4^3 = 41: anything above ~2% of the
+    # Frobenius norm (the scale the iteration starts from) ends in [0.68, 1.2]; the rest grows
+    big = diag[s / s.norm() > 0.02]
+    assert big.min() > 0.6 and big.max() < 1.25, (big.min(), big.max())
+    assert (diag > 0).all() and (diag[s / s.norm() <= 0.02] > 5 * s[s / s.norm() <= 0.02] / s.norm()).all()
+
+
+@pytest.mark.parametrize("name", list_models())
+def test_muon_takes_the_hidden_matrices_and_leaves_the_classifier_to_sgd(name):
+    model = create_model(name, (1, 28, 28), num_classes=7)
+    opt = build_optimizer("muon", model.parameters(), 0.1)
+    sgd, *rest = opt.param_groups
+    muon = rest[0]["params"] if rest else []
+    assert not sgd["muon"] and all(g["muon"] for g in rest)
+    matrices = [p for p in sgd["params"] if p.ndim >= 2]
+    assert len(matrices) == 1 and matrices[0].shape[0] == 7  # the classifier, and only it
+    assert all(p.ndim >= 2 for p in muon)
+    n_matrices = sum(p.ndim >= 2 for p in model.parameters())
+    assert len(muon) == n_matrices - 1
+
+
+def test_one_step_by_hand():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.Flatten(), torch.nn.Linear(8 * 16, 5))
+    opt = Muon(model.parameters(), 0.5, muon_lr=0.2, muon_momentum=0.8, momentum=0.9, nesterov=True,
+               weight_decay=0.01)
+    for _ in range(2):  # the second step uses the momentum buffers
+        before = [p.detach().clone() for p in model.parameters()]
+        opt.zero_grad()
+        model(torch.randn(4, 3, 6, 6)).square().sum().backward()
+        grads = [p.grad.clone() for p in model.parameters()]
+        bufs = [opt.state[p].get("momentum_buffer", torch.zeros_like(p)).clone() for p in model.parameters()]
+        opt.step()
+        conv_w, conv_b, fc_w, fc_b = before
+        # the conv filters: Nesterov momentum 0.8, orthogonalized, lr 0.2, no weight decay
+        b = 0.8 * bufs[0] + grads[0]
+        u = grads[0] + 0.8 * b
+        want = conv_w - 0.2 * orthogonalize(u.reshape(8, -1)).view_as(u)
+        assert torch.allclose(model[0].weight, want, atol=1e-6)
+        # everything else: Nesterov SGD, lr 0.5, momentum 0.9, weight decay 0.01
+        for k, (p0, p) in zip((1, 2, 3), [(conv_b, model[0].bias), (fc_w, model[2].weight), (fc_b, model[2].bias)]):
+            g = grads[k] + 0.01 * p0
+            b = 0.9 * bufs[k] + g
+            assert torch.allclose(p, p0 - 0.5 * (g + 0.9 * b), atol=1e-6)
