@@ -21,3 +21,17 @@ def _no_subprocess(monkeypatch):
         raise AssertionError("unit tests start no process: move this test to tests/integration")
 
     monkeypatch.setattr(subprocess, "Popen", refuse)
+
+
+@pytest.fixture(autouse=True)
+def _pytorch_ops_only(monkeypatch):
+    """Unit tests run on PyTorch's own ops: building the native kernels needs the C compiler (a
+    process). The library cache is cleared on both sides so that a later integration test in
+    the same session still builds and uses the kernels."""
+    from mnistflow import kernels
+
+    monkeypatch.setenv("MNISTFLOW_KERNELS", "0")
+    kernels.library.cache_clear()
+    yield
+    monkeypatch.undo()
+    kernels.library.cache_clear()
