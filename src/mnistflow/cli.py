@@ -74,50 +74,7 @@ def _run_records(a) -> int:
     return 0
 
 
-TRAIN_HELP = {
-    "recipe": "a preset: softmax, seed-cnn, fast, best (flags override its values)",
-    "model": "a registered model (see 'mnistflow models') or a layer spec string",
-    "data": "records directory or raw data (prepared into the cache on first use)",
-    "dataset": "a known dataset name: mnist, fashion-mnist, kmnist, cifar10",
-    "run_dir": "where to write the run (default runs/<recipe>-<time>)",
-    "epochs": "epochs to train (fractions allowed)",
-    "max_steps": "stop after this many steps",
-    "target_acc": "stop once this accuracy (e.g. 0.99) is reached; reports the time to it",
-    "target_split": "split the target is measured on: val or test",
-    "optimizer": "sgd, momentum, adadelta, adagrad, adam, adamw, rmsprop, muon (orthogonalized "
-                 "updates for the hidden weight matrices, Nesterov SGD for the rest)",
-    "muon_lr": "--optimizer muon: learning rate of the hidden weight matrices (--lr: the rest)",
-    "muon_momentum": "--optimizer muon: momentum of the hidden weight matrices",
-    "schedule": "constant, step, cosine, onecycle, linear",
-    "warmup": "linear warm-up: fraction of all steps (<1) or a number of steps",
-    "precision": "fp32, bf16, fp16 (CUDA) or auto (bf16 where the hardware is fast at it)",
-    "threads": "intra-op CPU threads (default: $MNISTFLOW_THREADS, else the usable cores other processes "
-               "leave free, shared among the processes per machine)",
-    "interop_threads": "PyTorch's inter-op threads (default: PyTorch's, the number of cores)",
-    "gpu_memory_fraction": "cap this process's share of its GPU's memory, 0 < F <= 1 (CUDA only)",
-    "sync_bn": "under torchrun on GPUs: batch norm statistics over the global batch",
-    "batch_size": "per process; under torchrun the global batch is this x processes",
-    "train_on": "train, or train+val: every labelled image (no validation passes then)",
-    "tta": "test-time augmentation: also average the predictions for N images shifted by one "
-           "pixel (2: left/right, 4: + up/down, 8: + diagonals) in evaluations",
-    "whiten": "initialise the first convolution to whiten its input patches (from 1,000 training images)",
-    "resident": "keep the data on the device: auto (when it fits), yes, or no (stream it from disk)",
-    "memory_cap_mb": "refuse settings estimated to need more memory than this (default: what is free)",
-    "profile_steps": "A:B profiles optimizer steps A..B: Chrome trace, op tables, step breakdown",
-    "validate": "evaluate the validation split at each epoch end (or every --eval-every steps)",
-    "device": "auto, cpu, cuda, cuda:N or mps",
-    "log_every": "steps between progress lines (and device syncs)",
-    "eval_every": "steps between validation passes (default: every epoch)",
-    "json": "print a JSON summary of the run as the last line",
-    "checkpoint_every": "steps between checkpoints (RUN/checkpoints; also at the end and on a new best)",
-    "checkpoint_secs": "seconds between checkpoints",
-    "keep_checkpoints": "checkpoints to keep (plus the best); 0 turns checkpoints off",
-    "init_from": "start from the arrays of an npz (mnistflow export --format npz), by name",
-    "init_only": "glob(s), comma separated, of the names --init-from restores (e.g. 'conv*')",
-}
-
-
-def _batch_size(text: str):
+def _batch_size(text: str) -> int | str:
     if text == "auto":
         return text
     try:
@@ -126,52 +83,92 @@ def _batch_size(text: str):
         raise argparse.ArgumentTypeError(f"expected a number or auto, got '{text}'") from None
 
 
-def _flag_type(annotation: str):
-    if "bool" in annotation:
-        return None
-    if "int" in annotation:
-        return int
-    if "float" in annotation:
-        return float
-    return str
+# TrainConfig annotations (strings: the module uses postponed annotations) -> flag value types;
+# bool fields become --x / --no-x. A field of another type fails here, at parser build.
+_FLAG_TYPES = {"str": str, "int": int, "float": float, "int | str": _batch_size}
+
+# The profile verb: a short run around the profiled steps, without TensorBoard event files.
+PROFILE_DEFAULTS = {"profile_steps": "5:15", "tensorboard": False}
 
 
-def _train_flags(p) -> None:
-    """Every TrainConfig field as a flag (shared by train and profile)."""
+def _recipe_in(argv: list[str]) -> str | None:
+    """The value of the last ``--recipe`` in ``argv`` (``--recipe X``, ``--recipe=X`` or a
+    unique abbreviation, as argparse reads them), so that ``--help`` can show its values."""
+    name = None
+    for i, arg in enumerate(argv):
+        if arg == "--":
+            break
+        flag, eq, value = arg.partition("=")
+        if len(flag) >= len("--rec") and "--recipe".startswith(flag):
+            name = value if eq else (argv[i + 1] if i + 1 < len(argv) else None)
+    return name
+
+
+def _shown_defaults(recipe: str | None, verb_defaults: dict) -> tuple[dict, str]:
+    """The defaults ``--help`` shows (TrainConfig's, then the recipe's, then the verb's) and a
+    line that says where they come from. An unknown recipe is left to the run to report."""
     from dataclasses import fields
 
     from mnistflow.training.config import TrainConfig
 
-    p.add_argument("--config", type=Path, help="a TOML file of settings (e.g. a run's config.toml)")
-    p.add_argument("--resume", nargs="?", const="latest", default=None, metavar="PATH",
-                   help="continue from the latest checkpoint of --run-dir, or from PATH "
-                        "(a checkpoint or run directory)")
-    p.add_argument("--nproc", type=int, metavar="N",
-                   help="data parallel on this machine: re-run this command under torchrun with N processes")
+    shown = {f.name: f.default for f in fields(TrainConfig)}
+    note = ""
+    if recipe is not None:
+        from mnistflow.training.recipes import RECIPES
+
+        if recipe in RECIPES:
+            shown.update(RECIPES[recipe], recipe=recipe)
+            note = f"The defaults shown are those of --recipe {recipe}; flags override them."
+    shown.update(verb_defaults)
+    return shown, note
+
+
+def _train_flags(p: argparse.ArgumentParser, argv: list[str], verb_defaults: dict) -> None:
+    """Every TrainConfig field as a flag, in the help section its metadata names (shared by
+    train and profile). Flags default to None, 'not given'; the help shows the value that
+    applies: the field's default, or the --recipe's when argv names one."""
+    from dataclasses import fields
+
+    from mnistflow.training.config import GROUPS, TrainConfig
+
+    shown, note = _shown_defaults(_recipe_in(argv), verb_defaults)
+    if note:
+        p.description = f"{p.description}\n\n{note}" if p.description else note
+    groups = {name: p.add_argument_group(name, what) for name, what in GROUPS.items()}
+    run = groups["run"]
+    run.add_argument("-h", "--help", action="help", help="show this help message and exit")
+    run.add_argument("--config", type=Path, help="a TOML file of settings (e.g. a run's config.toml)")
+    run.add_argument("--nproc", type=int, metavar="N",
+                     help="data parallel on this machine: re-run this command under torchrun with N processes")
     for f in fields(TrainConfig):
-        if f.name == "resume":
-            continue
+        g = groups[f.metadata["group"]]
         flag = "--" + f.name.replace("_", "-")
-        kind = _batch_size if f.name == "batch_size" else _flag_type(str(f.type))
-        helptext = TRAIN_HELP.get(f.name, "") + (f" (default {f.default})" if f.default is not None else "")
-        if kind is None:
-            p.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=None,
+        helptext = f.metadata["help"]
+        if shown[f.name] is not None:
+            helptext += f" (default: {shown[f.name]})"
+        if f.name == "resume":  # --resume alone: the latest checkpoint
+            g.add_argument(flag, nargs="?", const="latest", default=None, metavar="PATH", help=helptext)
+        elif f.type == "bool":
+            g.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=None,
                            help=helptext)
         else:
-            p.add_argument(flag, dest=f.name, type=kind, default=None, help=helptext)
+            kind = _FLAG_TYPES[f.type.removesuffix(" | None")]
+            g.add_argument(flag, dest=f.name, type=kind, default=None, help=helptext)
 
 
-def _add_train(sub) -> None:
-    p = sub.add_parser("train", help="train a model from records into a run directory")
-    _train_flags(p)
-    p.set_defaults(func=_run_train)
+def _add_train(sub, argv: list[str], flags: bool = True) -> None:
+    p = sub.add_parser("train", help="train a model from records into a run directory", add_help=not flags)
+    if flags:
+        _train_flags(p, argv, {})
+    p.set_defaults(func=_run_train, profile=False)
 
 
-def _add_profile(sub) -> None:
+def _add_profile(sub, argv: list[str], flags: bool = True) -> None:
     p = sub.add_parser("profile", help="a few training steps under the PyTorch profiler: Chrome trace, "
-                                       "op tables by time and memory, step breakdown")
-    _train_flags(p)
-    p.set_defaults(func=_run_train, profile_default="5:15")
+                                       "op tables by time and memory, step breakdown", add_help=not flags)
+    if flags:
+        _train_flags(p, argv, {**PROFILE_DEFAULTS, "max_steps": "B of --profile-steps A:B"})
+    p.set_defaults(func=_run_train, profile=True)
 
 
 def _without_nproc(argv: list[str]) -> list[str]:
@@ -183,6 +180,18 @@ def _without_nproc(argv: list[str]) -> list[str]:
             skip = True
         elif not arg.startswith("--nproc="):
             out.append(arg)
+    return out
+
+
+def _profile_settings(given: dict) -> dict:
+    """The profile verb's settings: PROFILE_DEFAULTS where not given, and a run that stops at
+    the last profiled step unless --max-steps says otherwise."""
+    out = dict(given)
+    for k, v in PROFILE_DEFAULTS.items():
+        if out.get(k) in (None, ""):
+            out[k] = v
+    if out.get("max_steps") is None:
+        out["max_steps"] = int(out["profile_steps"].split(":")[1])
     return out
 
 
@@ -198,14 +207,11 @@ def _run_train(a) -> int:
         if env_info().enabled:
             raise MnistflowError("--nproc is for a plain command; under torchrun leave it out")
         return launch_local(a.nproc, _without_nproc(sys.argv[1:]))
-    overrides = {f.name: getattr(a, f.name) for f in fields(TrainConfig)}
-    if getattr(a, "profile_default", None):  # the profile verb: a short run around the profiled steps
-        overrides["profile_steps"] = overrides["profile_steps"] or a.profile_default
-        if overrides["max_steps"] is None:
-            overrides["max_steps"] = int(overrides["profile_steps"].split(":")[1])
-        overrides["tensorboard"] = False if overrides["tensorboard"] is None else overrides["tensorboard"]
+    given = {f.name: getattr(a, f.name) for f in fields(TrainConfig) if getattr(a, f.name) is not None}
+    if a.profile:
+        given = _profile_settings(given)
     try:
-        train(a.config, **{k: v for k, v in overrides.items() if v is not None})
+        train(a.config, **given)
     except TrainingInterrupted as e:  # a checkpoint was saved: 130 (SIGINT) / 143 (SIGTERM)
         sys.stderr.write(f"{PROG}: {e}\n")
         return e.exit_code
@@ -383,7 +389,12 @@ VERBS = [_add_doctor, _add_prep, _add_records, _add_train, _add_profile, _add_mo
          _add_export, _add_summary, _add_report]
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The whole command line. ``argv``: the arguments about to be parsed. Read for the
+    ``--recipe`` whose values ``train --help`` / ``profile --help`` show as defaults, and for
+    the verb: train's and profile's flags are built only when one of them is the verb."""
+    verb = None if argv is None else next((a for a in argv if not a.startswith("-")), "")
+    train_flags = verb is None or verb in ("train", "profile")
     parser = _Parser(prog=PROG, description="Train MNIST-family image classifiers fast, and see why.")
     from mnistflow import __version__
 
@@ -391,12 +402,16 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="verb", metavar="VERB", parser_class=_Parser)
     sub.required = True
     for add in VERBS:
-        add(sub)
+        if add in (_add_train, _add_profile):
+            add(sub, argv or [], train_flags)
+        else:
+            add(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser(argv).parse_args(argv)
     try:
         return int(args.func(args) or 0)
     except MnistflowError as e:

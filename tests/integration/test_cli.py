@@ -8,17 +8,35 @@ import sys
 from helpers.cli import assert_one_line_error, run_cli
 
 
-def test_help_lists_the_verbs_without_importing_torch():
+def _help_in_a_fresh_process(*argv: str) -> str:
+    """What ``mnistflow ARGV`` prints, then whether it imported torch (a fresh interpreter)."""
     code = ("import sys, contextlib, io\nfrom mnistflow.cli import main\n"
             "buf = io.StringIO()\n"
             "with contextlib.redirect_stdout(buf):\n"
-            "    try: main(['--help'])\n"
+            f"    try: main({list(argv)!r})\n"
             "    except SystemExit: pass\n"
             "print(buf.getvalue()); print('TORCH_LOADED', 'torch' in sys.modules)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+
+
+def test_help_lists_the_verbs_without_importing_torch():
+    out = _help_in_a_fresh_process("--help")
     for verb in ("prep", "records", "train", "eval", "predict", "models", "doctor"):
         assert verb in out
     assert "TORCH_LOADED False" in out  # heavy imports stay inside the handlers
+
+
+def test_train_help_is_grouped_with_the_recipe_defaults_without_importing_torch():
+    out = _help_in_a_fresh_process("train", "--recipe", "fast", "--help")
+    for title in ("run:", "data:", "model:", "optimization:", "precision/devices:", "logging:", "checkpoints:"):
+        assert f"\n{title}\n" in out, title
+    assert "The defaults shown are those of --recipe fast" in out
+    assert "TORCH_LOADED False" in out
+    # the real entry point reads --recipe from sys.argv
+    proc = run_cli("train", "--recipe=fast", "--help", env={"COLUMNS": "200"})
+    assert proc.returncode == 0, proc.stderr
+    epochs = next(line for line in proc.stdout.splitlines() if line.lstrip().startswith("--epochs"))
+    assert epochs.rstrip().endswith("(default: 0.45)"), epochs
 
 
 def test_python_dash_m_and_version():

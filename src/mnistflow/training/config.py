@@ -1,81 +1,146 @@
 """Training configuration: one dataclass; defaults < recipe < TOML file < flags.
 
-Unknown keys (in a TOML file or a recipe) are errors. The resolved configuration is saved
-in the run directory as ``config.toml`` and ``mnistflow train --config`` on it reproduces it.
+Each field carries its own ``--help`` text and help section (``dataclasses.field`` metadata,
+see :func:`setting`): ``mnistflow train --help`` is generated from them, so a new setting is
+documented where it is declared. Unknown keys (in a TOML file or a recipe) are errors. The
+resolved configuration is saved in the run directory as ``config.toml`` and ``mnistflow
+train --config`` on it reproduces it; once resolved, a ``TrainConfig`` is not changed (derive
+a new one with ``dataclasses.replace``).
 """
 from __future__ import annotations
 
 import dataclasses
-import json
-import tomllib
 from dataclasses import dataclass, fields
 from pathlib import Path
+from typing import Any
 
+from mnistflow.artifacts import rundir
 from mnistflow.core.errors import MnistflowError
 
+#: The sections of ``mnistflow train --help``, in order: name -> what they hold.
+GROUPS: dict[str, str] = {
+    "run": "what to run and where it goes",
+    "data": "what to train on",
+    "model": "the network and the weights it starts from",
+    "optimization": "how long, and how the weights are updated",
+    "precision/devices": "numerics, devices, threads and memory",
+    "logging": "progress, evaluation, profiling and what the run writes",
+    "checkpoints": "saving and resuming",
+}
 
-@dataclass
+
+def setting(default: Any, group: str, help: str) -> Any:
+    """A ``TrainConfig`` field with its ``--help`` text and section (one of ``GROUPS``)."""
+    if group not in GROUPS:
+        raise ValueError(f"unknown help group '{group}' (known: {', '.join(GROUPS)})")
+    return dataclasses.field(default=default, metadata={"group": group, "help": help})
+
+
+@dataclass(frozen=True)
 class TrainConfig:
-    # what to train on what
-    recipe: str | None = None
-    model: str = "seed-cnn"
-    data: str | None = None  # records dir or raw input; None: $MNISTFLOW_DATA or mnist
-    dataset: str | None = None  # a known dataset name (mnist, fashion-mnist, ...)
-    run_dir: str | None = None  # default runs/<recipe-or-model>-<time>
-    # how long
-    epochs: float = 1.0
-    max_steps: int | None = None  # stop after this many steps (tests, dry runs)
-    target_acc: float | None = None  # stop once this accuracy is reached
-    target_split: str = "val"  # which split the target is measured on: val or test
-    # optimisation
-    batch_size: int | str = 128  # per process; "auto": the fastest (CPU) / largest that fits (GPU)
-    optimizer: str = "adam"
-    lr: float = 1e-3
-    momentum: float = 0.9
-    nesterov: bool = False
-    weight_decay: float = 0.0
-    muon_lr: float = 0.1  # --optimizer muon: learning rate of the orthogonalized matrices
-    muon_momentum: float = 0.8  # --optimizer muon: their momentum
-    schedule: str = "constant"  # constant, step, cosine, onecycle, linear
-    warmup: float = 0.0  # warm-up length as a fraction of all steps (or steps when >= 1)
-    step_every: float = 1.0  # step schedule: epochs between decays
-    step_gamma: float = 0.7
-    label_smoothing: float = 0.0
-    augment: bool = False  # on-device augmentation
-    train_on: str = "train"  # train, or train+val: every labelled image (then no validation split)
-    tta: int = 0  # test-time augmentation: average over this many extra 1-pixel shifts (0, 2, 4, 8)
-    whiten: bool = False  # first convolution initialised to whiten its input patches (data-dependent)
-    drop_last: bool = False  # the short last batch: drop it (stable shapes) or keep it
-    # numerics and devices
-    seed: int = 0
-    precision: str = "auto"  # fp32, bf16, fp16, auto
-    channels_last: bool = False
-    device: str = "auto"  # auto, cpu, cuda, cuda:N (among CUDA_VISIBLE_DEVICES), mps
-    threads: int | None = None  # intra-op; default $MNISTFLOW_THREADS, else the cores that other
-    # processes leave free, shared among this machine's training processes
-    interop_threads: int | None = None  # PyTorch's inter-op pool; default: PyTorch's (the cores)
-    gpu_memory_fraction: float | None = None  # cap this process's share of its GPU's memory
-    sync_bn: bool = False  # under torchrun on GPUs: batch norm statistics over the global batch
-    compile: bool = False
-    # observing
-    log_every: int = 100  # steps between progress lines (and device syncs)
-    eval_every: int | None = None  # steps between validation passes (default: each epoch)
-    eval_batch_size: int = 500  # larger batches fall out of the CPU caches: 2.5x slower at 2000
-    validate: bool = True  # evaluate the validation split at epoch ends (or every eval_every steps)
-    profile_steps: str | None = None  # "A:B": profile optimizer steps A..B (Chrome trace, op tables)
-    # memory
-    resident: str = "auto"  # keep the data on the device: auto (when it fits), yes, no (stream it)
-    memory_cap_mb: float | None = None  # refuse settings estimated to need more (default: free memory)
-    # checkpoints (RUN/checkpoints) and resuming
-    checkpoint_every: int | None = None  # steps between checkpoints
-    checkpoint_secs: float | None = 600.0  # seconds between checkpoints
-    keep_checkpoints: int = 3  # the last K are kept (plus the best); 0: no checkpoints
-    resume: str | None = None  # "latest" or a checkpoint / run directory; never saved in config.toml
-    init_from: str | None = None  # an npz (mnistflow export --format npz) to start from, by name
-    init_only: str | None = None  # glob(s), comma separated: the names of init_from to restore
-    tensorboard: bool = True
-    json: bool = False
-    quiet: bool = False
+    """Every setting of a training run (the flags of ``mnistflow train``). Frozen: what was
+    resolved is what runs and what config.toml records (``dataclasses.replace`` derives another)."""
+
+    recipe: str | None = setting(
+        None, "run", "a preset: softmax, seed-cnn, fast, best (flags override its values)")
+    model: str = setting(
+        "seed-cnn", "model", "a registered model (see 'mnistflow models') or a layer spec string")
+    data: str | None = setting(
+        None, "data", "records directory or raw data, prepared into the cache on first use "
+                      "(default: $MNISTFLOW_DATA, else mnist)")
+    dataset: str | None = setting(
+        None, "data", "a known dataset name: mnist, fashion-mnist, kmnist, cifar10")
+    run_dir: str | None = setting(
+        None, "run", "where to write the run (default: runs/<recipe or model>-<time>)")
+    epochs: float = setting(1.0, "optimization", "epochs to train (fractions allowed)")
+    max_steps: int | None = setting(None, "optimization", "stop after this many steps")
+    target_acc: float | None = setting(
+        None, "optimization", "stop once this accuracy (e.g. 0.99) is reached; reports the time to it")
+    target_split: str = setting("val", "optimization", "split the target is measured on: val or test")
+    batch_size: int | str = setting(
+        128, "optimization", "per process; under torchrun the global batch is this x processes; "
+                             "auto: the fastest (CPU) or the largest that fits (GPU)")
+    optimizer: str = setting(
+        "adam", "optimization", "sgd, momentum, adadelta, adagrad, adam, adamw, rmsprop, muon "
+                                "(orthogonalized updates for the hidden weight matrices, Nesterov "
+                                "SGD for the rest)")
+    lr: float = setting(1e-3, "optimization", "learning rate (under --optimizer muon: of all but "
+                                              "the hidden weight matrices)")
+    momentum: float = setting(0.9, "optimization", "momentum of --optimizer momentum, and of the "
+                                                   "SGD part of muon")
+    nesterov: bool = setting(False, "optimization", "Nesterov momentum (--optimizer momentum, muon)")
+    weight_decay: float = setting(0.0, "optimization", "weight decay (L2 penalty; decoupled for adamw)")
+    muon_lr: float = setting(
+        0.1, "optimization", "--optimizer muon: learning rate of the hidden weight matrices (--lr: the rest)")
+    muon_momentum: float = setting(
+        0.8, "optimization", "--optimizer muon: momentum of the hidden weight matrices")
+    schedule: str = setting("constant", "optimization", "constant, step, cosine, onecycle, linear")
+    warmup: float = setting(
+        0.0, "optimization", "linear warm-up: fraction of all steps (<1) or a number of steps")
+    step_every: float = setting(1.0, "optimization", "--schedule step: epochs between decays")
+    step_gamma: float = setting(0.7, "optimization", "--schedule step: the factor of each decay")
+    label_smoothing: float = setting(0.0, "optimization", "label smoothing of the cross-entropy, in [0, 1)")
+    augment: bool = setting(
+        False, "data", "augment the training batches on the device (digits: small shifts and "
+                       "rotations; colour images: padded crops and flips)")
+    train_on: str = setting(
+        "train", "data", "train, or train+val: every labelled image (no validation passes then)")
+    tta: int = setting(
+        0, "logging", "test-time augmentation: also average the predictions for N images shifted "
+                      "by one pixel (2: left/right, 4: + up/down, 8: + diagonals) in evaluations")
+    whiten: bool = setting(
+        False, "model", "initialise the first convolution to whiten its input patches "
+                        "(from 1,000 training images)")
+    drop_last: bool = setting(
+        False, "data", "drop the short last batch of each epoch (stable shapes) instead of training on it")
+    seed: int = setting(0, "optimization", "seed of the initialisation, the data order and the augmentation")
+    precision: str = setting(
+        "auto", "precision/devices", "fp32, bf16, fp16 (CUDA) or auto (bf16 where the hardware is fast at it)")
+    channels_last: bool = setting(
+        False, "precision/devices", "channels-last memory layout for the model and its batches")
+    device: str = setting(
+        "auto", "precision/devices", "auto, cpu, cuda, cuda:N (among CUDA_VISIBLE_DEVICES) or mps")
+    threads: int | None = setting(
+        None, "precision/devices", "intra-op CPU threads (default: $MNISTFLOW_THREADS, else the usable "
+                                   "cores other processes leave free, shared among the processes per machine)")
+    interop_threads: int | None = setting(
+        None, "precision/devices", "PyTorch's inter-op threads (default: PyTorch's, the number of cores)")
+    gpu_memory_fraction: float | None = setting(
+        None, "precision/devices", "cap this process's share of its GPU's memory, 0 < F <= 1 (CUDA only)")
+    sync_bn: bool = setting(
+        False, "precision/devices", "under torchrun on GPUs: batch norm statistics over the global batch")
+    compile: bool = setting(False, "precision/devices", "compile the model with torch.compile")
+    log_every: int = setting(100, "logging", "steps between progress lines (and device syncs)")
+    eval_every: int | None = setting(
+        None, "logging", "steps between validation passes (default: every epoch)")
+    # larger evaluation batches fall out of the CPU caches: 2.5x slower at 2000
+    eval_batch_size: int = setting(500, "logging", "batch size of the evaluation passes")
+    validate: bool = setting(
+        True, "logging", "evaluate the validation split at each epoch end (or every --eval-every steps)")
+    profile_steps: str | None = setting(
+        None, "logging", "A:B profiles optimizer steps A..B: Chrome trace, op tables, step breakdown")
+    resident: str = setting(
+        "auto", "data", "keep the data on the device: auto (when it fits), yes, or no (stream it from disk)")
+    memory_cap_mb: float | None = setting(
+        None, "precision/devices", "refuse settings estimated to need more memory than this "
+                                   "(default: what is free)")
+    checkpoint_every: int | None = setting(
+        None, "checkpoints", f"steps between checkpoints (RUN/{rundir.CHECKPOINTS}; also at the end "
+                             "and on a new best)")
+    checkpoint_secs: float | None = setting(600.0, "checkpoints", "seconds between checkpoints")
+    keep_checkpoints: int = setting(
+        3, "checkpoints", "checkpoints to keep (plus the best); 0 turns checkpoints off")
+    # an action, not a setting: never saved in config.toml
+    resume: str | None = setting(
+        None, "checkpoints", "continue from the latest checkpoint of --run-dir, or from PATH "
+                             "(a checkpoint or run directory)")
+    init_from: str | None = setting(
+        None, "model", "start from the arrays of an npz (mnistflow export --format npz), by name")
+    init_only: str | None = setting(
+        None, "model", "glob(s), comma separated, of the names --init-from restores (e.g. 'conv*')")
+    tensorboard: bool = setting(True, "logging", f"write TensorBoard event files (RUN/{rundir.TENSORBOARD})")
+    json: bool = setting(False, "logging", "print a JSON summary of the run as the last line")
+    quiet: bool = setting(False, "logging", "no progress lines on the console")
 
 
 TRAIN_ON = ("train", "train+val")
@@ -100,6 +165,8 @@ def _check_keys(d: dict, where: str) -> None:
 
 def load_toml(path: str | Path) -> dict:
     """Flat ``key = value`` pairs from a TOML file; unknown keys are errors."""
+    import tomllib
+
     p = Path(path)
     try:
         d = tomllib.loads(p.read_text())
@@ -191,6 +258,8 @@ def to_dict(cfg: TrainConfig) -> dict:
 
 def save_toml(cfg: TrainConfig, path: str | Path) -> None:
     """Write the resolved configuration as TOML (``None`` values are left out)."""
+    import json
+
     lines = ["# mnistflow resolved configuration: mnistflow train --config THIS_FILE", "version = 1"]
     for k, v in to_dict(cfg).items():
         if v is None or k == "resume":  # resuming is an action, not a setting

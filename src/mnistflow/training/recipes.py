@@ -1,7 +1,9 @@
 """Recipes: named bundles of model + optimizer + schedule + epochs + batch.
 
-Any flag overrides a recipe value. Accuracy and timing of each recipe on real MNIST are in
-BENCHMARKS.md; the test suite gates softmax, seed-cnn and fast on accuracy.
+Any flag overrides a recipe value; ``mnistflow train --recipe NAME --help`` shows a recipe's
+values as the defaults. Every key is a ``TrainConfig`` field (checked when resolved).
+Accuracy and timing of each recipe on real MNIST are in BENCHMARKS.md; the test suite gates
+softmax, seed-cnn and fast on accuracy.
 """
 from __future__ import annotations
 
@@ -43,6 +45,7 @@ RECIPES: dict[str, dict] = {
 
 
 def get_recipe(name: str) -> dict:
+    """A copy of recipe ``name``'s settings; an unknown name is an error listing the known ones."""
     if name not in RECIPES:
         raise MnistflowError(f"unknown recipe '{name}' (known: {', '.join(RECIPES)})")
     return dict(RECIPES[name])
