@@ -12,7 +12,6 @@ Two measured facts about CPUs like the development machine shape the defaults:
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import os
 import time
 from functools import lru_cache
@@ -64,10 +63,9 @@ def tune_malloc() -> bool:
     global _malloc_tuned
     if _malloc_tuned or os.environ.get("MNISTFLOW_MALLOC") == "default":
         return _malloc_tuned
-    name = ctypes.util.find_library("c")
     try:
-        libc = ctypes.CDLL(name or "libc.so.6")
-        mallopt = libc.mallopt
+        # by its usual name: ctypes.util.find_library would start an ldconfig process
+        mallopt = ctypes.CDLL("libc.so.6").mallopt
     except (OSError, AttributeError):
         return False
     ok = mallopt(M_TRIM_THRESHOLD, 1 << 30) == 1
