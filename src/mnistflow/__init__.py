@@ -5,6 +5,7 @@ The public API mirrors the CLI verbs (each verb calls one of these)::
     import mnistflow
     rec = mnistflow.prepare("mnist", out="data/mnist")
     result = mnistflow.train(recipe="seed-cnn", data=rec)
+    result = mnistflow.train(MyNet, data=rec, callbacks=[mnistflow.EarlyStopping(patience=2)])
 
 Names are resolved lazily so that ``import mnistflow`` stays cheap.
 """
@@ -16,16 +17,19 @@ _API = {
     "prepare": ("mnistflow.data.prepare", "prepare"),
     "open_records": ("mnistflow.data.records", "open_records"),
     "MnistflowError": ("mnistflow.core.errors", "MnistflowError"),
-    "train": ("mnistflow.training.loop", "train"),
+    "train": ("mnistflow.training.api", "train"),
+    "EarlyStopping": ("mnistflow.training.callbacks", "EarlyStopping"),
+    "CSVLogger": ("mnistflow.training.callbacks", "CSVLogger"),
+    "StopTraining": ("mnistflow.training.hooks", "StopTraining"),
     "diagnose": ("mnistflow.doctor", "diagnose"),
     "fit": ("mnistflow.training.loop", "fit"),
     "TrainConfig": ("mnistflow.training.config", "TrainConfig"),
     "evaluate": ("mnistflow.inference", "evaluate"),
     "predict": ("mnistflow.inference", "predict"),
     "load_model": ("mnistflow.artifacts.model_file", "load_model"),
-    "load_any": ("mnistflow.artifacts.model_file", "load_any"),
+    "load_any": ("mnistflow.artifacts.load", "load_any"),
     "export": ("mnistflow.exporting", "export"),
-    "load_npz_into": ("mnistflow.exporting", "load_npz_into"),
+    "load_npz_into": ("mnistflow.artifacts.npz", "load_npz_into"),
     "summarize": ("mnistflow.summary", "summarize"),
     "create_model": ("mnistflow.models", "create_model"),
     "list_models": ("mnistflow.models", "list_models"),
@@ -35,6 +39,10 @@ _API = {
 }
 
 __all__ = sorted(_API) + ["__version__"]
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
 
 
 def __getattr__(name: str):
