@@ -4,10 +4,35 @@
 to fit 20x20 (aspect kept, anti-aliased), then placed in 28x28 so that its centre of mass
 is at the centre. Polarity: MNIST digits are white on black; ``invert_for`` matches a
 picture to the polarity of any training set (dark or light background).
+
+Reading pictures: ``open_picture`` / ``read_picture`` check the image's size from its header
+before decoding anything: at most ``MAX_PIXELS`` pixels (16.7 Mpx, a 4096x4096 picture or a
+16 Mpx photo) unless the caller passes ``max_pixels`` (the CLI's ``--max-pixels``); a FIFO or
+other non-regular file is refused, never opened for reading.
 """
 from __future__ import annotations
 
+import os
+
 import numpy as np
+
+from mnistflow.core.errors import fail
+from mnistflow.data.formats.image import MAX_PIXELS, open_picture
+
+__all__ = ["MAX_PIXELS", "open_picture", "read_picture", "to_model_input", "mnist_style",
+           "flatten_alpha", "invert_for", "needs_invert"]
+
+
+def read_picture(path: str | os.PathLike, max_pixels: int | None = None) -> np.ndarray:
+    """A picture file as uint8 (H, W) grey or (H, W, 3) colour, its size checked before
+    decoding (see ``open_picture``); every failure is a ``MnistflowError`` naming the file."""
+    with open_picture(path, path, max_pixels) as im:
+        try:
+            im.load()
+            grey = im.mode in ("L", "1", "P", "I;16", "LA")
+            return np.asarray(im.convert("L") if grey else im.convert("RGB"))
+        except Exception as e:  # truncated or corrupt image data
+            fail(path, f"not a readable image ({type(e).__name__}: {e})")
 
 
 def needs_invert(img: np.ndarray) -> bool:
@@ -45,10 +70,12 @@ def mnist_style(gray: np.ndarray, size: int = 28, box: int = 20) -> np.ndarray:
     from PIL import Image
 
     g = np.asarray(gray, dtype=np.float32)
-    ys, xs = np.nonzero(g > 0.1 * max(float(g.max()), 1.0))
-    if len(ys) == 0:
+    ink = g > 0.1 * max(float(g.max()), 1.0)
+    rows, cols = np.flatnonzero(ink.any(1)), np.flatnonzero(ink.any(0))
+    del ink  # the bounding box from per-row/column flags: no index arrays of every ink pixel
+    if len(rows) == 0:
         return np.zeros((size, size), np.uint8)
-    crop = g[ys.min():ys.max() + 1, xs.min():xs.max() + 1]
+    crop = g[rows[0]:rows[-1] + 1, cols[0]:cols[-1] + 1]
     h, w = crop.shape
     scale = box / max(h, w)
     nh, nw = max(1, round(h * scale)), max(1, round(w * scale))
@@ -83,13 +110,12 @@ def to_model_input(img: np.ndarray, in_shape: tuple[int, int, int], *, invert: b
         a = flatten_alpha(a)
     if a.ndim == 3 and a.shape[2] == 1:
         a = a[..., 0]
-    if c == 1:
-        g = a if a.ndim == 2 else a.mean(-1)
-        g = np.asarray(g, dtype=np.float32)
+    if c == 1:  # float32 (never float64) and inverted in place: a few bytes per pixel
+        g = a.astype(np.float32) if a.ndim == 2 else a.mean(-1, dtype=np.float32)
         if invert is None:
             invert = invert_for(g, dark_background)
         if invert:
-            g = 255 - g
+            np.subtract(255, g, out=g)
         if mnist:
             out = mnist_style(g, size=h)
             if (h, w) != out.shape:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from mnistflow.data import datasets
 from mnistflow.data.records import Records, open_records, read_meta, write_records
-from mnistflow.data.formats.raw import RawDataset
+from mnistflow.data.formats.raw import RawDataset, check_regular
 from mnistflow.data.sources import detect_format, locate_known, read_known, read_source
 from mnistflow.core.paths import home
 from mnistflow.core.fsutil import sha256_file
@@ -67,10 +67,13 @@ def _resolve_input(dataset: str | None, data: Path | None) -> tuple[str | None, 
 def prepare(dataset: str | None = None, data: str | Path | None = None,
             out: str | Path | None = None, *, val_size: int = 5000, seed: int = 0,
             variants: int = 0, resize: tuple[int, int] | None = None, force: bool = False,
-            tfrecord_keys: tuple[str, str] = ("image", "label"), quiet: bool = False) -> Path:
+            tfrecord_keys: tuple[str, str] = ("image", "label"), quiet: bool = False,
+            max_pixels: int | None = None) -> Path:
     """Prepare records from a known dataset name and/or a raw path; return the records dir.
 
-    Re-running with the same inputs and options is a no-op unless ``force``.
+    Re-running with the same inputs and options is a no-op unless ``force``. ``max_pixels``
+    caps each encoded picture before it is decoded (default ``picture.MAX_PIXELS``); it does
+    not change what a successful prep writes, so it is not part of the cache key.
     """
     data = Path(data) if data is not None else None
     dataset, data = _resolve_input(dataset, data)
@@ -86,6 +89,7 @@ def prepare(dataset: str | None = None, data: str | Path | None = None,
     base = data if data is not None and data.is_dir() else (files[0].parent)
     sums = {}
     for f in files:
+        check_regular(f)  # a FIFO would block the hash (and the reader) forever
         try:
             rel = str(f.relative_to(base))
         except ValueError:
@@ -102,7 +106,8 @@ def prepare(dataset: str | None = None, data: str | Path | None = None,
         except MnistflowError:
             pass
     raw: RawDataset = (read_known(dataset, data) if dataset is not None
-                       else read_source(data, resize=resize, tfrecord_keys=tfrecord_keys))
+                       else read_source(data, resize=resize, tfrecord_keys=tfrecord_keys,
+                                        max_pixels=max_pixels))
     write_records(raw, out, key=key, options=options, source_checksums=sums, val_size=val_size,
                   seed=seed, variants=variants, force=force or _is_our_cache(out))
     if not quiet:
@@ -127,7 +132,7 @@ def open_data(data: str | Path | Records | None = None, *, dataset: str | None =
     ``fallback`` is given (the records a model was trained on, ``ModelInfo.records``), that
     records directory, and an error asking for ``--data`` when it is unknown or gone.
     ``options`` go to :func:`prepare` (``val_size``, ``seed``, ``variants``, ``resize``,
-    ``tfrecord_keys``, ``force``); ``verify=False`` skips the records' checksums.
+    ``tfrecord_keys``, ``force``, ``max_pixels``); ``verify=False`` skips the records' checksums.
     """
     if isinstance(data, Records):
         return data

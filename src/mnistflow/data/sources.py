@@ -14,8 +14,15 @@ from pathlib import Path
 from mnistflow.core.errors import MnistflowError, fail
 from mnistflow.core.paths import home
 from mnistflow.data import datasets
-from mnistflow.data.formats.idx import read_bytes, read_idx_pair
-from mnistflow.data.formats.raw import RawDataset, RawSplit, check_labels
+from mnistflow.data.formats.idx import open_input, read_idx_pair
+from mnistflow.data.formats.raw import (
+    RawDataset,
+    RawSplit,
+    check_labels,
+    class_count,
+    open_regular,
+    warn_empty_classes,
+)
 
 _IDX_RE = re.compile(r"^(train|t10k|test)[-_.]?(images|labels)[-_.]idx[13]-ubyte(\.gz)?$")
 
@@ -47,9 +54,10 @@ def read_idx_folder(folder: Path, name: str | None = None,
         if tx.shape[1:] != x.shape[1:]:
             fail(files["test", "images"], f"test images are {tx.shape[1:]}, train images {x.shape[1:]}")
         test = RawSplit(tx, ty)
-    if class_names is None:
-        top = int(max(y.max(initial=0), test.y.max(initial=0) if test else 0))
-        class_names = [str(i) for i in range(top + 1)]
+    if class_names is None:  # "0".."K-1", K bounded before any name is made
+        k = class_count(files["train", "labels"], y, test.y if test else None)
+        warn_empty_classes(files["train", "labels"], y, k)
+        class_names = [str(i) for i in range(k)]
     check_labels(y, len(class_names), files["train", "labels"])
     if test is not None:
         check_labels(test.y, len(class_names), files["test", "labels"])
@@ -57,8 +65,12 @@ def read_idx_folder(folder: Path, name: str | None = None,
                       sorted(files.values()))
 
 
-def _md5(data: bytes) -> str:
-    return hashlib.md5(data).hexdigest()
+def _md5(f) -> str:
+    """md5 of a binary stream, read in chunks (never the whole file in memory)."""
+    h = hashlib.md5()
+    for chunk in iter(lambda: f.read(1 << 22), b""):
+        h.update(chunk)
+    return h.hexdigest()
 
 
 def verify_known_files(ds: datasets.KnownDataset, folder: Path) -> None:
@@ -66,13 +78,16 @@ def verify_known_files(ds: datasets.KnownDataset, folder: Path) -> None:
     uncompressed content when that is known (a recompressed .gz is still the real data)."""
     for f in ds.files:
         p = folder / f.name
-        data = p.read_bytes()
-        if _md5(data) == f.md5:
+        with open_regular(p) as fh:
+            got = _md5(fh)
+        if got == f.md5:
             continue
-        if f.raw_md5 and p.name.endswith(".gz") and _md5(read_bytes(p)) == f.raw_md5:
-            continue
+        if f.raw_md5 and p.name.endswith(".gz"):
+            with open_input(p) as (stream, _, _):
+                if _md5(stream) == f.raw_md5:
+                    continue
         fail(p, f"checksum does not match the published {ds.name} file {f.name} "
-                f"(md5 {_md5(data)}, expected {f.md5}); is this really {ds.name}?")
+                f"(md5 {got}, expected {f.md5}); is this really {ds.name}?")
 
 
 def _has_files(ds: datasets.KnownDataset, folder: Path) -> bool:
@@ -154,8 +169,11 @@ def detect_format(path: Path) -> str:
 
 
 def read_source(path: Path, *, name: str | None = None, resize: tuple[int, int] | None = None,
-                tfrecord_keys: tuple[str, str] = ("image", "label")) -> RawDataset:
-    """Read any supported raw input at ``path`` into a ``RawDataset``."""
+                tfrecord_keys: tuple[str, str] = ("image", "label"),
+                max_pixels: int | None = None) -> RawDataset:
+    """Read any supported raw input at ``path`` into a ``RawDataset``; ``max_pixels`` caps
+    each encoded picture (image folders, TFRecord) before it is decoded (default
+    ``picture.MAX_PIXELS``)."""
     path = Path(path)
     fmt = detect_format(path)
     if fmt == "idx":
@@ -163,7 +181,7 @@ def read_source(path: Path, *, name: str | None = None, resize: tuple[int, int] 
     if fmt == "folder":
         from mnistflow.data.formats.folder import read_image_folder
 
-        return read_image_folder(path, resize=resize, name=name)
+        return read_image_folder(path, resize=resize, name=name, max_pixels=max_pixels)
     if fmt == "csv":
         from mnistflow.data.formats.csv import read_csv
 
@@ -176,7 +194,8 @@ def read_source(path: Path, *, name: str | None = None, resize: tuple[int, int] 
         from mnistflow.data.formats.tfrecord import read_tfrecord_dataset
 
         return read_tfrecord_dataset(path, image_key=tfrecord_keys[0],
-                                     label_key=tfrecord_keys[1], resize=resize, name=name)
+                                     label_key=tfrecord_keys[1], resize=resize, name=name,
+                                     max_pixels=max_pixels)
     if fmt == "cifar":
         from mnistflow.data.formats.cifar import read_cifar10
 

@@ -5,10 +5,17 @@ Python pickles of dicts with ``data`` (N, 3072) uint8 -- per image the R, G, B p
 32x32, row-major -- and ``labels`` (N ints). They are unpickled by a *restricted* unpickler
 that can rebuild numpy arrays and nothing else: any other global is refused. Tar members are
 read in memory, never extracted to disk.
+
+What a batch may cost is bounded by what a real one needs, checked before allocating: a
+batch file (or tar member) holds at most ``MAX_BATCH_BYTES``; an array is only ever built
+from data bytes whose length matches its shape (``numpy.ndarray`` is not callable, so no
+array can be made from a shape alone); a batch holds at most ``MAX_BATCH_IMAGES`` images,
+and unpickling stops after ``MAX_OPS`` opcodes (a list of a million labels is refused).
 """
 from __future__ import annotations
 
 import io
+import math
 import os
 import pickle
 import re
@@ -18,9 +25,14 @@ from pathlib import Path
 import numpy as np
 
 from mnistflow.core.errors import MnistflowError, fail
-from mnistflow.data.formats.raw import RawDataset, RawSplit, check_labels
+from mnistflow.data.formats.raw import RawDataset, RawSplit, check_labels, check_regular, open_regular
 
 _BATCH = re.compile(r"^(data_batch_(\d+)|test_batch)$")
+MAX_BATCH_IMAGES = 10_240  # CIFAR-10 batches hold 10,000 images
+# A real batch is ~31 MB; re-pickled by Python 3 at protocol 2, up to 2 bytes per pixel byte.
+MAX_BATCH_BYTES = MAX_BATCH_IMAGES * (2 * 3072 + 256) + (1 << 20)
+MAX_OPS = 32 * MAX_BATCH_IMAGES  # a real batch takes ~9 opcodes per image at most
+MAX_MEMBERS = 1000  # the archive has 8 members
 
 
 _SIMPLE_DTYPE = re.compile(r"^[<>|=]?(u1|u2|u4|u8|i1|i2|i4|i8|f4|f8|b1)$")
@@ -58,20 +70,42 @@ def _multiarray():
     return multiarray, numeric
 
 
+class _NdarrayType:
+    """What the global ``numpy.ndarray`` resolves to: a name ``_reconstruct`` accepts as its
+    subtype, never a callable (``ndarray(shape)`` would allocate without any data)."""
+
+    def __call__(self, *args, **kwargs):
+        raise _Refused("numpy.ndarray called directly (an array made from a shape alone)")
+
+    def __reduce__(self):
+        raise _Refused("numpy.ndarray")
+
+
+_NDARRAY = _NdarrayType()
+
+
+def _shape_bytes(shape, dtype: np.dtype) -> int:
+    if not (isinstance(shape, tuple) and all(type(n) is int and n >= 0 for n in shape)):
+        raise _Refused("a numpy array with an unusual shape")
+    return math.prod(shape) * dtype.itemsize
+
+
 def _reconstruct(subtype, shape, code):
-    if subtype is not np.ndarray or shape != (0,) or code not in (b"b", "b"):
+    if subtype is not _NDARRAY or shape != (0,) or code not in (b"b", "b"):
         raise _Refused("numpy _reconstruct with unusual arguments")
-    return _multiarray()[0]._reconstruct(np.ndarray, (0,), b"b")
+    return _multiarray()[0]._reconstruct(np.ndarray, (0,), b"b")  # empty: BUILD fills it
 
 
 def _frombuffer(buf, dtype, shape, order):
     if not isinstance(dtype, np.dtype) or dtype.kind not in "uifb" or order not in ("C", "F"):
         raise _Refused("numpy _frombuffer with unusual arguments")
+    if not isinstance(buf, (bytes, bytearray)) or len(buf) != _shape_bytes(shape, dtype):
+        raise _Refused("numpy _frombuffer with data that does not match the shape")
     return np.frombuffer(buf, dtype=dtype).reshape(shape, order=order)
 
 
 _ALLOWED: dict[tuple[str, str], object] = {
-    ("numpy", "ndarray"): np.ndarray, ("numpy", "dtype"): _dtype,
+    ("numpy", "ndarray"): _NDARRAY, ("numpy", "dtype"): _dtype,
     ("numpy.core.multiarray", "_reconstruct"): _reconstruct,
     ("numpy._core.multiarray", "_reconstruct"): _reconstruct,
     ("numpy.core.numeric", "_frombuffer"): _frombuffer,
@@ -88,11 +122,14 @@ def _check_dtype_state(state) -> None:
 
 
 def _check_array_state(state) -> None:
+    """(version, shape, dtype, fortran, data): plain numeric, and exactly the data bytes the
+    shape needs (a str holds them as latin-1, one character per byte)."""
     if not (isinstance(state, tuple) and len(state) == 5 and isinstance(state[1], tuple)
-            and all(type(n) is int and n >= 0 for n in state[1])
             and isinstance(state[2], np.dtype) and state[2].kind in "uifb"
             and isinstance(state[3], bool) and isinstance(state[4], (bytes, str))):
         raise _Refused("a numpy array with unusual state")
+    if len(state[4]) != _shape_bytes(state[1], state[2]):
+        raise _Refused(f"a numpy array of shape {state[1]} with {len(state[4])} bytes of data")
 
 
 class _SafeUnpickler(pickle._Unpickler):  # the pure-Python one: its opcodes can be checked
@@ -104,6 +141,7 @@ class _SafeUnpickler(pickle._Unpickler):  # the pure-Python one: its opcodes can
     def __init__(self, f, where: str):
         super().__init__(f, encoding="latin1")
         self.where = where
+        self.ops = 0
 
     def find_class(self, module: str, name: str):
         obj = _ALLOWED.get((module, name))
@@ -127,6 +165,20 @@ class _SafeUnpickler(pickle._Unpickler):  # the pure-Python one: its opcodes can
         super().load_build()
 
     dispatch[pickle.BUILD[0]] = load_build
+
+
+def _counted(op):
+    def run(self):
+        self.ops += 1
+        if self.ops > MAX_OPS:
+            raise _Refused(f"a pickle of more than {MAX_OPS:,} opcodes (far more than a "
+                           f"batch of {MAX_BATCH_IMAGES:,} images needs)")
+        op(self)
+    return run
+
+
+# Every object the unpickler makes costs at least one opcode: counting them bounds memory.
+_SafeUnpickler.dispatch = {k: _counted(v) for k, v in _SafeUnpickler.dispatch.items()}
 
 
 def safe_unpickle(data: bytes, where: str) -> object:
@@ -153,6 +205,8 @@ def _batch(data: bytes, where: str, num_classes: int) -> tuple[np.ndarray, np.nd
     if not isinstance(x, np.ndarray) or x.dtype != np.uint8 or x.ndim != 2 or x.shape[1] != 3072:
         desc = f"{x.dtype} {x.shape}" if isinstance(x, np.ndarray) else type(x).__name__
         fail(where, f"'data' should be uint8 (N, 3072), got {desc}")
+    if len(x) > MAX_BATCH_IMAGES:
+        fail(where, f"{len(x):,} images in one batch; CIFAR-10 batches hold 10,000")
     try:
         y = np.asarray(d["labels"])
     except Exception:
@@ -173,19 +227,33 @@ def _members(path: Path) -> dict[str, tuple[str, bytes]]:
     if path.is_dir():
         folder = path / "cifar-10-batches-py" if (path / "cifar-10-batches-py").is_dir() else path
         for p in sorted(folder.iterdir()):
-            if _BATCH.match(p.name) and p.is_file():
-                try:
-                    out[p.name] = (str(p), p.read_bytes())
-                except OSError as e:
-                    fail(p, f"cannot read: {e.strerror or e}")
+            if _BATCH.match(p.name):
+                with open_regular(p) as f:
+                    size = os.fstat(f.fileno()).st_size
+                    if size > MAX_BATCH_BYTES:
+                        fail(p, f"{size:,} bytes, more than a CIFAR-10 batch can hold "
+                                f"({MAX_BATCH_BYTES:,})")
+                    try:
+                        out[p.name] = (str(p), f.read())
+                    except OSError as e:
+                        fail(p, f"cannot read: {e.strerror or e}")
         return out
+    check_regular(path)
     try:
         with tarfile.open(path, "r:*") as tar:
-            for m in tar:
+            for i, m in enumerate(tar):
+                if i >= MAX_MEMBERS:
+                    fail(path, f"more than {MAX_MEMBERS:,} archive members; the CIFAR-10 "
+                               "archive has 8")
                 base = m.name.rsplit("/", 1)[-1]
                 if m.isfile() and _BATCH.match(base):
+                    if m.size > MAX_BATCH_BYTES:  # the header's size, before reading any of it
+                        fail(path, f"{m.name}: {m.size:,} bytes, more than a CIFAR-10 batch "
+                                   f"can hold ({MAX_BATCH_BYTES:,})")
                     f = tar.extractfile(m)
                     out[base] = (f"{path}: {m.name}", f.read() if f else b"")
+    except MnistflowError:
+        raise
     except OSError as e:
         if not path.exists():
             fail(path, "no such file")

@@ -14,15 +14,23 @@ Every error names the file and the 1-based line number.
 """
 from __future__ import annotations
 
+import itertools
 import math
 import os
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 
 from mnistflow.core.errors import fail
-from mnistflow.data.formats.idx import read_bytes
-from mnistflow.data.formats.raw import RawDataset, RawSplit, check_labels
+from mnistflow.data.formats.idx import open_input
+from mnistflow.data.formats.raw import (
+    RawDataset,
+    RawSplit,
+    check_dataset_bytes,
+    check_labels,
+    class_count,
+)
 
 _CHUNK = 4096
 
@@ -98,38 +106,69 @@ def _image_shape(path: Path, npix: int) -> tuple[int, int, int]:
                "(RGB s*s*3); expected rows 'label,pixel0,...'")
 
 
-def _rows(path: Path) -> list[tuple[int, str]]:
-    """(line number, line) of the non-blank lines."""
-    data = read_bytes(path)
-    try:
-        text = data.decode("utf-8-sig")
-    except UnicodeDecodeError as e:
-        fail(path, f"not a text CSV file (byte {e.start} is not UTF-8)")
-    rows = [(i, ln) for i, ln in enumerate(text.splitlines(), 1) if ln.strip()]
-    if not rows:
+MAX_LINE_BYTES = 1 << 24  # one image per line: 16 MiB is a 2048x2048 grey image at 4 bytes a value
+
+
+def _rows(path: Path) -> Iterator[tuple[int, str]]:
+    """(line number, line) of the non-blank lines, streamed (a ``.gz`` is never inflated
+    whole); a line longer than ``MAX_LINE_BYTES`` is refused before it is all read."""
+    with open_input(path) as (f, _, _):
+        lineno = offset = 0
+        any_rows = False
+        while True:
+            raw = f.readline(MAX_LINE_BYTES + 1)
+            if not raw:
+                break
+            if len(raw) > MAX_LINE_BYTES:
+                fail(path, f"line {lineno + 1} is longer than {MAX_LINE_BYTES:,} bytes: "
+                           "not a CSV of images")
+            try:
+                text = raw.decode("utf-8-sig" if offset == 0 else "utf-8")
+            except UnicodeDecodeError as e:
+                fail(path, f"not a text CSV file (byte {offset + e.start} is not UTF-8)")
+            offset += len(raw)
+            for ln in text.splitlines():
+                lineno += 1
+                if ln.strip():
+                    any_rows = True
+                    yield lineno, ln
+    if not any_rows:
         fail(path, "no data rows")
-    return rows
 
 
-def _read_split(path: Path, rows: list[tuple[int, str]]) -> tuple[np.ndarray, np.ndarray]:
-    first = rows[0][1].split(",")
+def _chunks(rows: Iterator[tuple[int, str]], size: int) -> Iterator[list[tuple[int, str]]]:
+    part: list[tuple[int, str]] = []
+    for r in rows:
+        part.append(r)
+        if len(part) == size:
+            yield part
+            part = []
+    if part:
+        yield part
+
+
+def _read_split(path: Path, rows: Iterator[tuple[int, str]]) -> tuple[np.ndarray, np.ndarray]:
+    rows = iter(rows)
+    head = next(rows)
+    first = head[1].split(",")
     ncols = len(first)
     label_col = 0
+    pending = [head]
     if not all(_is_number(c) for c in first):  # a header
         names = [c.strip().strip('"').lower() for c in first]
         label_col = names.index("label") if "label" in names else 0
-        rows = rows[1:]
-        if not rows:
+        pending = []
+        nxt = next(rows, None)
+        if nxt is None:
             fail(path, "has a header but no data rows")
+        pending = [nxt]
     if ncols < 2:
-        fail(path, f"line {rows[0][0]}: expected 'label,pixel0,...' (at least 2 columns)")
+        fail(path, f"line {pending[0][0]}: expected 'label,pixel0,...' (at least 2 columns)")
     shape = _image_shape(path, ncols - 1)
-    n = len(rows)
-    x = np.empty((n, ncols - 1), np.uint8)
-    y = np.empty(n, np.int64)
     pix = [c for c in range(ncols) if c != label_col]
-    for s in range(0, n, _CHUNK):
-        part = rows[s:s + _CHUNK]
+    xs, ys = [], []
+    total = 0
+    for part in _chunks(itertools.chain(pending, rows), _CHUNK):
         linenos = [r[0] for r in part]
         a = _parse_chunk(path, [r[1] for r in part], linenos, ncols)
         p = a[:, pix]
@@ -142,9 +181,20 @@ def _read_split(path: Path, rows: list[tuple[int, str]]) -> tuple[np.ndarray, np
         if (lab < 0).any():
             r = int(np.flatnonzero(lab < 0)[0])
             fail(path, f"line {linenos[r]}: label {lab[r]} is negative")
-        x[s:s + len(part)] = p
-        y[s:s + len(part)] = lab
-    return x.reshape((n, *shape)), y
+        total += p.size
+        check_dataset_bytes(path, total)
+        xs.append(p.astype(np.uint8))
+        ys.append(lab)
+    x = np.concatenate(xs)
+    return x.reshape((len(x), *shape)), np.concatenate(ys)
+
+
+def _first_row(path: Path) -> str:
+    rows = _rows(path)
+    try:
+        return next(rows)[1]
+    finally:
+        rows.close()
 
 
 def read_csv(path: str | os.PathLike, name: str | None = None) -> RawDataset:
@@ -154,17 +204,14 @@ def read_csv(path: str | os.PathLike, name: str | None = None) -> RawDataset:
     test = None
     files = [path]
     for sib in companion_files(path):
-        rows = _rows(sib)
-        if rows[0][1].count(",") == x[0].size - 1:
+        if _first_row(sib).count(",") == x[0].size - 1:
             continue  # pixels without labels (like Kaggle's test.csv): not a test split
-        tx, ty = _read_split(sib, rows)
+        tx, ty = _read_split(sib, _rows(sib))
         if tx.shape[1:] != x.shape[1:]:
             fail(sib, f"test images are {tx.shape[1:]} but {path.name} has {x.shape[1:]}")
         test = RawSplit(tx, ty)
         files.append(sib)
-    k = int(max(y.max(), test.y.max() if test is not None else 0)) + 1
-    if k > 100_000:
-        fail(path, f"label {k - 1} is implausibly large for a class index")
+    k = class_count(path, y, test.y if test is not None else None)
     check_labels(y, k, path)
     stem = path.name.split(".")[0]
     return RawDataset(name or stem, [str(i) for i in range(k)], RawSplit(x, y), test, files)

@@ -9,14 +9,15 @@ The helpers ``decode_image`` and ``stack_images`` are shared with the TFRecord r
 """
 from __future__ import annotations
 
-import io
 import os
+import stat
 from pathlib import Path
 
 import numpy as np
 
-from mnistflow.core.errors import fail
-from mnistflow.data.formats.raw import RawDataset, RawSplit
+from mnistflow.core.errors import MnistflowError, fail
+from mnistflow.data.formats.raw import RawDataset, RawSplit, check_dataset_bytes
+from mnistflow.data.formats.image import open_picture
 
 IMAGE_EXTS = {".png", ".jpg", ".jpeg", ".bmp"}
 _GREY_MODES = {"1", "L", "LA", "La", "I", "I;16", "I;16B", "I;16L", "I;16N", "F"}
@@ -31,15 +32,16 @@ def _resample():
 
 
 def decode_image(src: bytes | Path, where: str | os.PathLike,
-                 resize: tuple[int, int] | None = None) -> np.ndarray:
-    """Decode one image (a file or encoded bytes) to uint8 (H, W, 1) or (H, W, 3).
+                 resize: tuple[int, int] | None = None, max_pixels: int | None = None) -> np.ndarray:
+    """Decode one image (a file or encoded bytes) to uint8 (H, W, 1) or (H, W, 3); its size
+    is checked against ``max_pixels`` (default ``picture.MAX_PIXELS``) before decoding.
 
     ``where`` names the image in errors ("<file>" or "<file>: record 7").
     """
     from PIL import Image
 
     try:
-        with Image.open(io.BytesIO(src) if isinstance(src, (bytes, bytearray)) else src) as img:
+        with open_picture(src, where, max_pixels) as img:
             img.load()
             palette = img.mode == "P"
             if img.mode.startswith("I;16"):  # 16-bit grey: keep the high byte, do not clip
@@ -50,6 +52,8 @@ def decode_image(src: bytes | Path, where: str | os.PathLike,
             if resize is not None:
                 img = img.resize((resize[1], resize[0]), _resample())
             arr = np.asarray(img, dtype=np.uint8)
+    except MnistflowError:
+        raise
     except Exception as e:  # Pillow raises many kinds (OSError, SyntaxError, ValueError, ...)
         fail(where, f"not a readable PNG/JPEG image ({type(e).__name__}: {e})")
     if arr.ndim == 2:
@@ -85,8 +89,11 @@ def _class_files(folder: Path) -> list[Path]:
     for p in sorted(folder.iterdir()):
         if p.name.startswith("."):
             continue
-        if p.is_dir():
+        mode = p.stat().st_mode
+        if stat.S_ISDIR(mode):
             fail(p, "unexpected folder inside a class folder (expected only images)")
+        if not stat.S_ISREG(mode):
+            fail(p, "is not a regular file (a FIFO, socket or device?); refusing to read it")
         if p.suffix.lower() not in IMAGE_EXTS:
             fail(p, f"not an image file (expected {', '.join(sorted(IMAGE_EXTS))})")
         files.append(p)
@@ -96,17 +103,20 @@ def _class_files(folder: Path) -> list[Path]:
 
 
 def _read_split(root: Path, classes: list[str], resize: tuple[int, int] | None,
-                ref: tuple[tuple[int, int], str] | None):
+                ref: tuple[tuple[int, int], str] | None, max_pixels: int | None, total: list[int]):
     xs, ys = [], []
     for label, cls in enumerate(classes):
         folder = root / cls
         if not folder.is_dir():
             continue
-        for f in _class_files(folder):
-            arr = decode_image(f, f, resize)
+        files = _class_files(folder)
+        for f in files:
+            arr = decode_image(f, f, resize, max_pixels)
             check_size(arr, str(f), ref)
-            if ref is None:
+            if ref is None:  # every image has this size: the whole set's bytes, known now
                 ref = (arr.shape[:2], str(f))
+            total[0] += arr.nbytes
+            check_dataset_bytes(root, total[0])
             xs.append(arr)
             ys.append(label)
     return xs, ys, ref
@@ -123,8 +133,9 @@ def _split_roots(path: Path) -> tuple[Path, Path | None]:
 
 
 def read_image_folder(path: str | os.PathLike, resize: tuple[int, int] | None = None,
-                      name: str | None = None) -> RawDataset:
-    """Read ``path/<class>/*.png`` (or ``path/{train,test}/<class>/``) into a ``RawDataset``."""
+                      name: str | None = None, max_pixels: int | None = None) -> RawDataset:
+    """Read ``path/<class>/*.png`` (or ``path/{train,test}/<class>/``) into a ``RawDataset``;
+    ``max_pixels`` caps each image's size before it is decoded (``picture.MAX_PIXELS``)."""
     path = Path(path)
     if not path.is_dir():
         fail(path, "not a folder")
@@ -132,13 +143,14 @@ def read_image_folder(path: str | os.PathLike, resize: tuple[int, int] | None = 
     classes = [p.name for p in _subdirs(train_root)]
     if not classes:
         fail(train_root, "no class folders here (expected one sub-folder of images per class)")
-    xs, ys, ref = _read_split(train_root, classes, resize, None)
+    total = [0]
+    xs, ys, ref = _read_split(train_root, classes, resize, None, max_pixels, total)
     all_x, test = xs, None
     if test_root is not None:
         extra = [p for p in _subdirs(test_root) if p.name not in classes]
         if extra:
             fail(extra[0], f"test class '{extra[0].name}' has no training folder in {train_root}")
-        txs, tys, _ = _read_split(test_root, classes, resize, ref)
+        txs, tys, _ = _read_split(test_root, classes, resize, ref, max_pixels, total)
         if not txs:
             fail(test_root, "test folder has no class folders with images")
         all_x = xs + txs

@@ -2,53 +2,99 @@
 
 Layout: 2 zero bytes, a type code, the number of dimensions d, then d big-endian
 uint32 sizes, then the data. MNIST uses type 0x08 (uint8): images (N, 28, 28), labels (N,).
+
+Files are streamed: the header is checked from the first bytes, then exactly the declared
+size is read into one array (more is refused). Before anything is allocated, the declared
+size must fit what the file can hold: its own size, or for gzip what deflate can expand
+the file to at most (``GZIP_MAX_RATIO``), and ``MAX_DATASET_BYTES``.
 """
 from __future__ import annotations
 
+import contextlib
 import gzip
+import math
 import zlib
 from pathlib import Path
+from typing import BinaryIO, Iterator
 
 import numpy as np
 
-from mnistflow.core.errors import fail
+from mnistflow.core.errors import MnistflowError, fail
+from mnistflow.data.formats.raw import check_dataset_bytes, open_regular
 
 _DTYPES = {0x08: np.uint8, 0x09: np.int8, 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
+GZIP_MAX_RATIO = 1032  # deflate's largest expansion (258 bytes per 2 bits, plus framing)
+_GZIP_ERRORS = (EOFError, OSError, zlib.error)
+_CHUNK = 1 << 24
 
 
-def read_bytes(path: Path) -> bytes:
-    """The file's content, decompressed when it is gzip; errors name the file."""
-    try:
-        raw = Path(path).read_bytes()
-    except OSError as e:
-        fail(path, f"cannot read: {e.strerror or e}")
-    if str(path).endswith(".gz") or raw[:2] == b"\x1f\x8b":
-        if raw[:2] != b"\x1f\x8b":
+@contextlib.contextmanager
+def open_input(path: Path | str, gz: bool | None = None) -> Iterator[tuple[BinaryIO, int, bool]]:
+    """(stream, file size, gzipped) for a regular file, decompressed on the fly when it is
+    gzip (a ``.gz`` name or gzip magic bytes; ``gz`` True/False decides instead); read
+    errors become ``MnistflowError``s naming the file. The stream is never read whole here:
+    callers read what they need."""
+    with open_regular(path) as f:
+        size = f.seek(0, 2)
+        f.seek(0)
+        magic = f.read(2)
+        f.seek(0)
+        if gz is None:
+            gz = magic == b"\x1f\x8b"
+        if (gz or str(path).endswith(".gz")) and magic != b"\x1f\x8b":
             fail(path, "not a gzip file (bad magic bytes)")
+        stream = gzip.GzipFile(fileobj=f, mode="rb") if gz else f
         try:
-            return gzip.decompress(raw)
-        except (EOFError, OSError, zlib.error) as e:
+            yield stream, size, gz
+        except MnistflowError:
+            raise
+        except _GZIP_ERRORS as e:
+            if not gz:
+                fail(path, f"cannot read: {getattr(e, 'strerror', None) or e}")
             fail(path, f"corrupt or truncated gzip data ({e})")
-    return raw
 
 
-def parse_idx(data: bytes, path: Path | str = "<bytes>") -> np.ndarray:
-    """Decode IDX bytes into an array; every inconsistency is a ``MnistflowError``."""
-    if len(data) < 4:
-        fail(path, f"too short for an IDX header ({len(data)} bytes)")
-    if data[0] != 0 or data[1] != 0:
-        fail(path, f"bad IDX magic number 0x{data[:4].hex()} (expected 0x0000 then type and rank)")
-    code, ndim = data[2], data[3]
+def max_expanded(size: int, gz: bool) -> int:
+    """The most bytes a file of ``size`` bytes can hold once decompressed."""
+    return size * GZIP_MAX_RATIO + (1 << 16) if gz else size
+
+
+def _read_exact(stream: BinaryIO, n: int) -> bytes:
+    out = stream.read(n)
+    return out if out is not None else b""
+
+
+def _header(head: bytes, path: Path | str) -> tuple[int, int]:
+    """(dtype code, rank) from the first 4 bytes, checked."""
+    if len(head) < 4:
+        fail(path, f"too short for an IDX header ({len(head)} bytes)")
+    if head[0] != 0 or head[1] != 0:
+        fail(path, f"bad IDX magic number 0x{head[:4].hex()} (expected 0x0000 then type and rank)")
+    code, ndim = head[2], head[3]
     if code not in _DTYPES:
         fail(path, f"unknown IDX data type 0x{code:02x}")
     if ndim == 0 or ndim > 4:
         fail(path, f"unsupported IDX rank {ndim}")
-    header = 4 + 4 * ndim
-    if len(data) < header:
+    return code, ndim
+
+
+def _shape(dims: bytes, ndim: int, path: Path | str) -> tuple[int, ...]:
+    if len(dims) < 4 * ndim:
         fail(path, "truncated IDX header")
-    shape = tuple(int(s) for s in np.frombuffer(data, ">u4", ndim, 4))
+    return tuple(int.from_bytes(dims[4 * i:4 * i + 4], "big") for i in range(ndim))
+
+
+def _nbytes(shape: tuple[int, ...], dtype: np.dtype) -> int:
+    return math.prod(shape) * dtype.itemsize  # Python ints: no int64 wrap-around
+
+
+def parse_idx(data: bytes, path: Path | str = "<bytes>") -> np.ndarray:
+    """Decode IDX bytes into an array; every inconsistency is a ``MnistflowError``."""
+    code, ndim = _header(data[:4], path)
+    shape = _shape(data[4:4 + 4 * ndim], ndim, path)
+    header = 4 + 4 * ndim
     dtype = np.dtype(_DTYPES[code])
-    expected = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    expected = _nbytes(shape, dtype)
     got = len(data) - header
     if got < expected:
         fail(path, f"truncated: header says {shape} ({expected} bytes of data), file has {got}")
@@ -57,9 +103,45 @@ def parse_idx(data: bytes, path: Path | str = "<bytes>") -> np.ndarray:
     return np.frombuffer(data, dtype, offset=header).reshape(shape)
 
 
-def read_idx(path: Path | str) -> np.ndarray:
-    """Read one IDX(.gz) file into a read-only array."""
-    return parse_idx(read_bytes(Path(path)), path)
+def read_idx(path: Path | str, max_bytes: int | None = None) -> np.ndarray:
+    """Read one IDX(.gz) file into a read-only array, streamed; the declared size is
+    checked against what the file can hold and ``max_bytes`` (default
+    ``MAX_DATASET_BYTES``) before it is allocated."""
+    with open_input(path) as (f, size, gz):
+        code, ndim = _header(_read_exact(f, 4), path)
+        shape = _shape(_read_exact(f, 4 * ndim), ndim, path)
+        dtype = np.dtype(_DTYPES[code])
+        expected = _nbytes(shape, dtype)
+        header = 4 + 4 * ndim
+        if not gz and size - header != expected:
+            got = size - header
+            if got < expected:
+                fail(path, f"truncated: header says {shape} ({expected} bytes of data), file has {got}")
+            fail(path, f"{got - expected} unexpected trailing bytes after the {shape} array")
+        if gz and expected > max_expanded(size, gz):
+            fail(path, f"header says {shape} ({expected:,} bytes of data), more than this "
+                       f"{size:,}-byte gzip file can hold: a corrupt or hostile header")
+        check_dataset_bytes(path, expected, max_bytes)
+        buf = np.empty(expected, np.uint8)
+        got = 0
+        view = memoryview(buf)
+        while got < expected:
+            n = f.readinto(view[got:got + _CHUNK])
+            if not n:
+                fail(path, f"truncated: header says {shape} ({expected} bytes of data), file has {got}")
+            got += n
+        extra = 0
+        while extra <= _CHUNK:  # count trailing bytes, but never inflate a bomb to do it
+            more = f.read(1 << 20)
+            if not more:
+                break
+            extra += len(more)
+        if extra:
+            many = f"more than {_CHUNK:,}" if extra > _CHUNK else str(extra)
+            fail(path, f"{many} unexpected trailing bytes after the {shape} array")
+    arr = buf.view(dtype).reshape(shape)
+    arr.flags.writeable = False
+    return arr
 
 
 def read_idx_pair(images: Path, labels: Path) -> tuple[np.ndarray, np.ndarray]:

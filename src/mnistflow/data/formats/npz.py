@@ -6,13 +6,21 @@ are all integers in 0..255. Labels are (N,) or (N, 1) integers >= 0; classes "0"
 """
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 
 import numpy as np
 
 from mnistflow.core.errors import fail
-from mnistflow.data.formats.raw import RawDataset, RawSplit, check_labels
+from mnistflow.data.formats.raw import (
+    MAX_CLASSES,
+    RawDataset,
+    RawSplit,
+    check_dataset_bytes,
+    check_labels,
+    open_regular,
+)
 
 
 def _peek_header(npz, key: str, path: Path) -> None:
@@ -32,7 +40,8 @@ def _peek_header(npz, key: str, path: Path) -> None:
         fail(path, f"{key}: unreadable array ({type(e).__name__}: {e})")
     if dtype.hasobject:
         fail(path, f"{key} is a pickled object array; refusing to load it (allow_pickle=False)")
-    need = int(np.prod(shape, dtype=object)) * dtype.itemsize
+    need = math.prod(shape) * dtype.itemsize
+    check_dataset_bytes(path, need)
     if need > info.file_size - header_len:
         fail(path, f"{key}: truncated: header says {dtype} {shape} ({need} bytes), "
                    f"member holds {max(info.file_size - header_len, 0)}")
@@ -77,8 +86,8 @@ def _as_labels(y: np.ndarray, key: str, path: Path) -> np.ndarray:
             fail(path, f"{key} ({y.dtype}) holds non-integer labels")
     elif not np.issubdtype(y.dtype, np.integer):
         fail(path, f"{key} has dtype {y.dtype}; expected integer labels")
-    if y.size and (y.min() < 0 or y.max() > 100_000):
-        i = int(np.flatnonzero((y < 0) | (y > 100_000))[0])
+    if y.size and (y.min() < 0 or y.max() >= MAX_CLASSES):
+        i = int(np.flatnonzero((y < 0) | (y >= MAX_CLASSES))[0])
         fail(path, f"{key}: record {i}: label {y[i]} is not a class index")
     return y.astype(np.int64)
 
@@ -96,11 +105,22 @@ def _split(npz, path: Path, which: str) -> RawSplit:
 def read_npz(path: str | os.PathLike, name: str | None = None) -> RawDataset:
     """Read a Keras-layout ``.npz`` into a ``RawDataset``."""
     path = Path(path)
+    with open_regular(path) as fh:
+        return _read_npz(fh, path, name)
+
+
+def _read_npz(fh, path: Path, name: str | None) -> RawDataset:
+    magic = fh.read(6)
+    fh.seek(0)
+    if magic.startswith(b"\x93NUMPY"):
+        fail(path, "is a single .npy array, not an .npz archive with x_train/y_train")
+    if not magic.startswith((b"PK\x03\x04", b"PK\x05\x06")):
+        fail(path, "not an .npz archive (no zip signature at the start)")
     try:
-        npz = np.load(path, allow_pickle=False)
+        npz = np.load(fh, allow_pickle=False)
     except OSError as e:
         fail(path, f"cannot read: {e.strerror or e}")
-    except Exception as e:  # ValueError (pickled / not npz), BadZipFile, EOFError, ...
+    except Exception as e:  # BadZipFile, EOFError, ...
         fail(path, f"not a readable .npz archive ({type(e).__name__}: {e})")
     if not isinstance(npz, np.lib.npyio.NpzFile):
         fail(path, "is a single .npy array, not an .npz archive with x_train/y_train")

@@ -16,17 +16,25 @@ dataset; files whose names contain "test" are the test split.
 """
 from __future__ import annotations
 
-import gzip
+import io
 import os
 import struct
-import zlib
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 
 from mnistflow.core.errors import MnistflowError, fail
 from mnistflow.data.formats.folder import check_size, decode_image, stack_images
-from mnistflow.data.formats.raw import RawDataset, RawSplit, check_labels
+from mnistflow.data.formats.idx import open_input
+from mnistflow.data.formats.raw import (
+    MAX_CLASSES,
+    RawDataset,
+    RawSplit,
+    check_dataset_bytes,
+    check_labels,
+    class_count,
+)
 
 # --- CRC32C (Castagnoli) -------------------------------------------------------------------
 
@@ -129,44 +137,63 @@ def _mask(crc):
 
 # --- framing -------------------------------------------------------------------------------
 
-def _file_bytes(path: Path) -> bytes:
-    try:
-        raw = path.read_bytes()
-    except OSError as e:
-        fail(path, f"cannot read: {e.strerror or e}")
-    if path.name.lower().endswith(".gz") or raw[:3] == b"\x1f\x8b\x08":
-        try:
-            return gzip.decompress(raw)
-        except (EOFError, OSError, zlib.error) as e:
-            if path.name.lower().endswith(".gz"):
-                fail(path, f"corrupt or truncated gzip data ({e})")
-    return raw
+MAX_RECORD_BYTES = 1 << 26  # one Example holds one image: 64 MiB is far more than enough
 
 
 def read_frames(data: bytes, path: str | os.PathLike) -> list[memoryview]:
     """The records of TFRecord bytes, both CRCs checked; errors name the record index."""
-    mv = memoryview(data)
-    frames, crcs = [], []
-    pos, n = 0, len(data)
-    while pos < n:
+    return [memoryview(b) for b in _frames(io.BytesIO(data), len(data), path)]
+
+
+def _frames(f: BinaryIO, size: int | None, path: str | os.PathLike) -> list[bytes]:
+    """The records read one by one from a stream (``size``: the stream's length when known,
+    None for decompressed data). Each length is checked (its CRC, ``MAX_RECORD_BYTES``, what
+    is left) before the record is read; the data CRCs are checked together at the end."""
+    frames: list[bytes] = []
+    crcs: list[int] = []
+    pos = 0
+    while True:
         i = len(frames)
-        if n - pos < 12:
-            fail(path, f"record {i}: truncated header ({n - pos} bytes left, need 12)")
-        length, lcrc = struct.unpack_from("<QI", data, pos)
-        if _mask(crc32c(mv[pos:pos + 8])) != lcrc:
+        head = f.read(12)
+        if not head:
+            break
+        if len(head) < 12:
+            fail(path, f"record {i}: truncated header ({len(head)} bytes left, need 12)")
+        length, lcrc = struct.unpack("<QI", head)
+        if _mask(crc32c(head[:8])) != lcrc:
             fail(path, f"record {i}: length CRC mismatch at byte {pos} (corrupt or not a TFRecord file)")
-        end = pos + 12 + length
-        if end + 4 > n:
+        left = None if size is None else size - pos - 12
+        if left is not None and length + 4 > left:
             fail(path, f"record {i}: truncated ({length} bytes of data declared, "
-                       f"{max(n - pos - 12, 0)} bytes left)")
-        frames.append(mv[pos + 12:end])
-        crcs.append(struct.unpack_from("<I", data, end)[0])
-        pos = end + 4
+                       f"{max(left, 0)} bytes left)")
+        if length > MAX_RECORD_BYTES:
+            fail(path, f"record {i}: {length:,} bytes declared, more than the "
+                       f"{MAX_RECORD_BYTES:,}-byte limit for one record")
+        body = f.read(length + 4)
+        if len(body) < length + 4:
+            fail(path, f"record {i}: truncated ({length} bytes of data declared, "
+                       f"{max(len(body), 0)} bytes left)")
+        frames.append(body[:length])
+        crcs.append(struct.unpack_from("<I", body, length)[0])
+        pos += 16 + length
     got = _mask(crc32c_many(frames))
     bad = np.flatnonzero(got != np.asarray(crcs, np.uint64))
     if len(bad):
         fail(path, f"record {int(bad[0])}: data CRC mismatch (corrupt file)")
     return frames
+
+
+def _file_frames(path: Path) -> list[bytes]:
+    """The records of one TFRecord file, gzipped (``.gz`` or gzip magic bytes) or not,
+    streamed: the file is never inflated whole."""
+    gz = None
+    if not path.name.lower().endswith(".gz"):
+        with open_input(path, gz=False) as (f, _, _):
+            head = f.read(12)
+        if len(head) == 12 and _mask(crc32c(head[:8])) == struct.unpack_from("<I", head, 8)[0]:
+            gz = False  # a valid first record whose length happens to start with gzip's magic
+    with open_input(path, gz) as (f, size, gz):
+        return _frames(f, None if gz else size, path)
 
 
 # --- protobuf wire format ------------------------------------------------------------------
@@ -352,8 +379,8 @@ def _resized(arr: np.ndarray, resize: tuple[int, int] | None) -> np.ndarray:
     return out[..., None] if out.ndim == 2 else out
 
 
-def _example_image(feats: dict, image_key: str, where: str,
-                   resize: tuple[int, int] | None) -> np.ndarray:
+def _example_image(feats: dict, image_key: str, where: str, resize: tuple[int, int] | None,
+                   max_pixels: int | None = None) -> np.ndarray:
     if image_key not in feats:
         fail(where, f"no feature '{image_key}' (features: {', '.join(sorted(feats)) or 'none'}; "
                     "see --image-key)")
@@ -363,7 +390,7 @@ def _example_image(feats: dict, image_key: str, where: str,
             fail(where, f"feature '{image_key}' holds {len(vals)} byte strings, expected 1")
         raw = vals[0]
         if raw[:4].startswith(_MAGIC) and not _fits_raw(feats, len(raw)):
-            return decode_image(raw, where, resize)
+            return decode_image(raw, where, resize, max_pixels)
         pix = np.frombuffer(raw, np.uint8)
     elif kind in ("int64", "float"):
         pix = np.asarray(vals, np.float64 if kind == "float" else np.int64)
@@ -376,22 +403,26 @@ def _example_image(feats: dict, image_key: str, where: str,
     return _resized(pix.reshape(_raw_shape(feats, pix.size, where)), resize)
 
 
-def _read_file(path: Path, image_key: str, label_key: str, resize, ref, xs: list, ys: list):
-    frames = read_frames(_file_bytes(path), path)
+def _read_file(path: Path, image_key: str, label_key: str, resize, ref, xs: list, ys: list,
+               max_pixels: int | None = None, total: list[int] | None = None):
+    frames = _file_frames(path)
     if not frames:
         fail(path, "holds no records")
+    total = [0] if total is None else total
     for i, rec in enumerate(frames):
         where = f"{path}: record {i}"
         feats = parse_example(rec, where)
-        arr = _example_image(feats, image_key, where, resize)
+        arr = _example_image(feats, image_key, where, resize, max_pixels)
         check_size(arr, where, ref)
         if ref is None:
             ref = (arr.shape[:2], where)
+        total[0] += arr.nbytes
+        check_dataset_bytes(path, total[0])
         label = _one_int(feats, label_key, where)
         if label is None:
             fail(where, f"no int64 feature '{label_key}' (features: {', '.join(sorted(feats))}; "
                         "see --label-key)")
-        if label < 0 or label > 100_000:
+        if label < 0 or label >= MAX_CLASSES:
             fail(where, f"label {label} is not a class index")
         xs.append(arr)
         ys.append(label)
@@ -409,8 +440,9 @@ def tfrecord_files(folder: Path) -> list[Path]:
 
 def read_tfrecord_dataset(path: str | os.PathLike, image_key: str = "image",
                           label_key: str = "label", resize: tuple[int, int] | None = None,
-                          name: str | None = None) -> RawDataset:
-    """Read one TFRecord file, or a folder of them ("test" in a name -> test split)."""
+                          name: str | None = None, max_pixels: int | None = None) -> RawDataset:
+    """Read one TFRecord file, or a folder of them ("test" in a name -> test split);
+    ``max_pixels`` caps each encoded image before it is decoded (``picture.MAX_PIXELS``)."""
     path = Path(path)
     if path.is_dir():
         files = tfrecord_files(path)
@@ -425,14 +457,15 @@ def read_tfrecord_dataset(path: str | os.PathLike, image_key: str = "image",
     xs: list = []
     ys: list = []
     ref = None
+    total = [0]
     for f in train_files:
-        ref = _read_file(f, image_key, label_key, resize, ref, xs, ys)
+        ref = _read_file(f, image_key, label_key, resize, ref, xs, ys, max_pixels, total)
     n = len(xs)
     for f in test_files:
-        ref = _read_file(f, image_key, label_key, resize, ref, xs, ys)
+        ref = _read_file(f, image_key, label_key, resize, ref, xs, ys, max_pixels, total)
     x = stack_images(xs)
     y = np.asarray(ys, np.int64)
-    k = int(y.max()) + 1
+    k = class_count(path, y)
     check_labels(y, k, path)
     test = RawSplit(x[n:], y[n:]) if test_files else None
     stem = path.name.split(".")[0]

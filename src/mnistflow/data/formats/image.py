@@ -1,0 +1,48 @@
+"""Opening one picture safely: its size is read from the header and checked before anything
+is decoded (a 17 KB PNG can declare 12000x12000 pixels), and only regular files are read.
+
+``MAX_PIXELS`` (16.7 Mpx: a 4096x4096 picture or a 16 Mpx photo) is the default cap for every
+picture mnistflow decodes from a file (``prep`` of image folders and TFRecords, ``predict``);
+``max_pixels`` (the CLI's ``--max-pixels``) raises or lowers it.
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import warnings
+from typing import Iterator
+
+from mnistflow.core.errors import MnistflowError, fail
+from mnistflow.data.formats.raw import open_regular
+
+MAX_PIXELS = 4096 * 4096
+
+
+@contextlib.contextmanager
+def open_picture(src: bytes | os.PathLike | str, where: str | os.PathLike,
+                 max_pixels: int | None = None) -> Iterator["PIL.Image.Image"]:  # noqa: F821
+    """A Pillow image opened lazily (nothing decoded yet) from a file or encoded bytes, its
+    width x height checked against ``max_pixels`` (default ``MAX_PIXELS``) first: a
+    decompression bomb is refused before it is decoded. Errors name ``where``."""
+    from PIL import Image
+
+    limit = MAX_PIXELS if max_pixels is None else int(max_pixels)
+    if limit <= 0:
+        raise MnistflowError(f"--max-pixels must be positive, got {limit}")
+    with contextlib.ExitStack() as stack:
+        fh = (io.BytesIO(src) if isinstance(src, (bytes, bytearray, memoryview))
+              else stack.enter_context(open_regular(src)))
+        try:
+            with warnings.catch_warnings():  # Pillow's bomb warning is a raw line on stderr
+                warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+                img = stack.enter_context(Image.open(fh))
+        except Image.DecompressionBombError as e:
+            fail(where, f"refusing to decode an image of more than {limit:,} pixels ({e})")
+        except Exception as e:  # Pillow raises many kinds (OSError, SyntaxError, ValueError, ...)
+            fail(where, f"not a readable PNG/JPEG image ({type(e).__name__}: {e})")
+        w, h = img.size
+        if w * h > limit:
+            fail(where, f"image is {w}x{h} = {w * h:,} pixels, more than the limit of {limit:,} "
+                        "(--max-pixels raises it)")
+        yield img
