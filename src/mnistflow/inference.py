@@ -71,11 +71,14 @@ def format_eval(res: dict) -> str:
     return "\n".join(lines)
 
 
-def _read_images(paths: list[Path]) -> list[tuple[str, np.ndarray]]:
-    """Decode PNG/JPEG files, or every image of an IDX file, as uint8 arrays."""
-    from PIL import Image, UnidentifiedImageError
-
+def _read_images(paths: list[Path], in_shape: tuple[int, int, int], *, invert: bool | None,
+                 mnist_style: bool, max_pixels: int | None) -> list[tuple[str, np.ndarray]]:
+    """(name, model input) for PNG/JPEG files, or every image of an IDX file. Each picture's
+    size is checked from its header before decoding (``data.picture.read_picture``: at most
+    ``max_pixels``, default ``data.picture.MAX_PIXELS``; only regular files) and it is brought
+    to the model's size at once, so only one full-size picture is in memory at a time."""
     from mnistflow.data.formats.idx import read_idx
+    from mnistflow.data.picture import read_picture, to_model_input
 
     out = []
     for p in paths:
@@ -84,32 +87,31 @@ def _read_images(paths: list[Path]) -> list[tuple[str, np.ndarray]]:
             arr = read_idx(p)
             if arr.ndim != 3:
                 raise MnistflowError(f"expected an IDX image file (N, H, W), got shape {arr.shape}", p)
-            out += [(f"{p.name}[{i}]", a) for i, a in enumerate(arr)]
+            out += [(f"{p.name}[{i}]", to_model_input(a, in_shape, invert=invert, mnist=mnist_style))
+                    for i, a in enumerate(arr)]
             continue
-        try:
-            with Image.open(p) as im:
-                im.load()
-                out.append((str(p), np.asarray(im.convert("L") if im.mode in ("L", "1", "P", "I;16", "LA") else im.convert("RGB"))))
-        except FileNotFoundError:
-            raise MnistflowError("no such file", p) from None
-        except (UnidentifiedImageError, OSError) as e:
-            raise MnistflowError(f"not a readable image ({e.__class__.__name__})", p) from None
+        if not p.exists():
+            raise MnistflowError("no such file", p)
+        out.append((str(p), to_model_input(read_picture(p, max_pixels), in_shape, invert=invert,
+                                           mnist=mnist_style)))
     return out
 
 
 def predict(model_path: str | Path, images: list[str | Path], *, invert: bool | None = False,
             mnist_style: bool = False, device: str = "cpu", model_name: str | None = None,
-            data: str | Path | None = None) -> list[dict]:
-    """Label and class probabilities for each image (PNG/JPEG files, or IDX files)."""
-    from mnistflow.data.picture import to_model_input
+            data: str | Path | None = None, max_pixels: int | None = None) -> list[dict]:
+    """Label and class probabilities for each image (PNG/JPEG files, or IDX files).
 
+    ``max_pixels``: the largest picture decoded (default ``data.picture.MAX_PIXELS``, the
+    CLI's ``--max-pixels``); a larger one is refused from its header, before decoding."""
     model, info = load_any(model_path, model_name, pick_device(device), data=data)
-    items = _read_images([Path(p) for p in images])
+    if not images:
+        raise MnistflowError("no images given")
+    items = _read_images([Path(p) for p in images], tuple(info.in_shape), invert=invert,
+                         mnist_style=mnist_style, max_pixels=max_pixels)
     if not items:
         raise MnistflowError("no images given")
-    shape = tuple(info.in_shape)
-    batch = np.stack([to_model_input(a, shape, invert=invert, mnist=mnist_style) for _, a in items])
-    probs = as_predictor(model, info).predict(batch)
+    probs = as_predictor(model, info).predict(np.stack([x for _, x in items]))
     return [{"image": name, "label": int(p.argmax()), "class_name": info.class_names[int(p.argmax())],
              "probabilities": [round(float(v), 6) for v in p]} for (name, _), p in zip(items, probs)]
 

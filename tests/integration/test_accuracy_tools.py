@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from helpers.cli import assert_one_line_error, run_cli
-from mnistflow.data.augment import TTA_SHIFTS, shifted, tta_logits
+from mnistflow.data.augment import TTA_SHIFTS, shifted
+from mnistflow.models.evaluate import tta_logits
 from mnistflow.data.loader import make_loader, normalized_batch
 from mnistflow.data.records import open_records
 from mnistflow.inference import evaluate

@@ -121,7 +121,7 @@ def test_npz_export_subset_and_restore_by_name_with_reports(trained, mnist_recor
     assert torch.equal(_logits(tmp_path / "bare.npz", model_name="fast", data=mnist_records), ref)
     res = evaluate(tmp_path / "full.npz", "val", device="cpu", threads=1)  # the eval verb's path
     assert res["n"] == 5000 and res["acc"] > 0.9 and res["model"] == "fast"
-    with pytest.raises(MnistflowError, match="missing in file: features.2.weight"):
+    with pytest.raises(MnistflowError, match="missing: features.2.weight"):
         evaluate(tmp_path / "sub.npz", device="cpu")
 
 

@@ -39,8 +39,11 @@ def load_checkpoint_model(path: str | Path, device: torch.device | str = "cpu",
     info = info_from_dict(payload["model_info"], p)
     if model_name:
         info.model = model_name
-    model = build_model(info, p)
-    load_weights(model, payload["model"], p, what=info.model)
+    weights = payload["model"]
+    if not isinstance(weights, dict) or not all(isinstance(v, torch.Tensor) for v in weights.values()):
+        raise MnistflowError("checkpoint's model weights are not a dict of tensors", p)
+    model = build_model(info, p, expect={k: v.shape for k, v in weights.items()})
+    load_weights(model, weights, p, what=info.model)
     return model.to(device).eval(), info
 
 
@@ -55,7 +58,7 @@ def _npz_model(p: Path, model_name: str | None, device, data) -> tuple[nn.Module
         info = info_from_records(model_name, open_data(data))
     if model_name:
         info.model = model_name
-    model = build_model(info, p)
+    model = build_model(info, p, expect={k: a.shape for k, a in arrays.items()})
     load_weights(model, as_tensors(arrays, model.state_dict()), p, what=info.model)
     return model.to(device).eval(), info
 

@@ -20,9 +20,11 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import json
+import math
+import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Iterable, Mapping
+from typing import Iterable, Mapping, Sequence
 
 import torch
 import torch.nn as nn
@@ -192,10 +194,43 @@ def _import_factory(spec: str, source: str | Path | None):
     return obj
 
 
-def build_model(info: ModelInfo, source: str | Path | None = None) -> nn.Module:
+def check_planned(info: ModelInfo, shapes: Mapping[str, Sequence[int]],
+                  source: str | Path | None = None) -> None:
+    """Refuse weights of ``shapes`` (name -> shape, as a file declares them) that do not fit the
+    model ``info`` describes, judged on the ``meta`` device: nothing is allocated, so a
+    description that would need gigabytes (a huge spec, millions of classes) is refused
+    before it costs anything. A model that cannot be built on ``meta`` is not pre-checked."""
+    try:
+        with torch.device("meta"):
+            planned = build_model(info, source)
+        own = planned.state_dict()
+    except MnistflowError as e:  # e.g. a spec that does not fit: name the file
+        raise e if e.path is not None or source is None else MnistflowError(e.detail, source) from None
+    except Exception:  # e.g. a user's factory that computes real values at construction
+        return
+    fit = check_fit(own, {k: _Shape(v) for k, v in shapes.items()})
+    if not fit.ok:
+        raise MnistflowError(f"weights do not fit model {info.model!r} ({fit.describe()})", source)
+
+
+class _Shape:
+    """A declared shape standing in for a tensor in ``check_fit``."""
+
+    __slots__ = ("shape",)
+
+    def __init__(self, shape: Sequence[int]):
+        self.shape = tuple(shape)
+
+
+def build_model(info: ModelInfo, source: str | Path | None = None, *,
+                expect: Mapping[str, Sequence[int]] | None = None) -> nn.Module:
     """A fresh (untrained) model as ``info`` describes it: a registered name or layer spec, else
-    the recorded factory called with its recorded keyword arguments."""
+    the recorded factory called with its recorded keyword arguments. ``expect`` (name -> shape
+    of the weights to load): checked first without allocating (``check_planned``)."""
     from mnistflow.models import create_model, list_models
+
+    if expect is not None:
+        check_planned(info, expect, source)
     from mnistflow.models.spec import looks_like_spec
 
     if info.factory and info.model not in list_models() and not looks_like_spec(info.model):
@@ -236,22 +271,87 @@ def resolve_model_path(path: str | Path) -> Path:
     return p
 
 
+# Limits a model file's description must respect; anything beyond is what only a hostile or
+# corrupt file would declare, and is refused before any memory is sized from it.
+MAX_META_CHARS = 16 * 1024 * 1024  # the metadata JSON
+MAX_CLASSES = 100_000  # as the record readers' label cap
+MAX_CLASS_NAME = 1_000  # characters
+MAX_CHANNELS = 64
+MAX_INPUT_VALUES = 1 << 24  # C * H * W of one input image
+MAX_MODEL_NAME = 10_000  # characters of a name or layer spec
+_REQUIRED = ("model", "in_shape", "class_names", "mean", "std")
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def validate_info(d: object, where: str | Path | None = None) -> ModelInfo:
+    """A ``ModelInfo`` from its dict form, every field checked for type, range and consistency
+    (in_shape of 3 positive ints within ``MAX_INPUT_VALUES``, 1..``MAX_CLASSES`` class names,
+    one finite mean and positive std per channel). Unknown keys (a newer mnistflow's) are
+    ignored; anything else wrong is one ``MnistflowError``."""
+    def bad(why: str) -> MnistflowError:
+        return MnistflowError(f"invalid mnistflow metadata: {why}", where)
+
+    if not isinstance(d, dict):
+        raise bad(f"expected a JSON object, got {type(d).__name__}")
+    missing = [k for k in _REQUIRED if k not in d]
+    if missing:
+        raise bad(f"missing {', '.join(missing)}")
+    model = d["model"]
+    if not isinstance(model, str) or not model.strip() or len(model) > MAX_MODEL_NAME:
+        raise bad(f"model must be a non-empty name of at most {MAX_MODEL_NAME:,} characters")
+    shape = d["in_shape"]
+    if not (isinstance(shape, list) and len(shape) == 3 and all(_is_int(v) and v > 0 for v in shape)):
+        raise bad(f"in_shape must be 3 positive integers (C, H, W), got {str(shape)[:80]}")
+    c, h, w = shape
+    if c > MAX_CHANNELS or c * h * w > MAX_INPUT_VALUES:
+        raise bad(f"in_shape {c}x{h}x{w} is too large (at most {MAX_CHANNELS} channels and "
+                  f"{MAX_INPUT_VALUES:,} values per image)")
+    names = d["class_names"]
+    if not isinstance(names, list) or not 1 <= len(names) <= MAX_CLASSES:
+        raise bad(f"class_names must be a list of 1 to {MAX_CLASSES:,} names"
+                  + (f", got {len(names):,}" if isinstance(names, list) else ""))
+    if not all(isinstance(n, str) and len(n) <= MAX_CLASS_NAME for n in names):
+        raise bad(f"class_names must be strings of at most {MAX_CLASS_NAME:,} characters")
+    for key in ("mean", "std"):
+        v = d[key]
+        if not (isinstance(v, list) and len(v) == c and all(_is_number(x) for x in v)):
+            raise bad(f"{key} must be {c} finite number(s), one per channel, got {str(v)[:80]}")
+    if any(x <= 0 for x in d["std"]):
+        raise bad("std must be positive")
+    for key, kinds in (("dataset", (str,)), ("records", (str, type(None))), ("metrics", (dict,)),
+                       ("factory", (str,)), ("factory_kwargs", (dict,))):
+        if key in d and not isinstance(d[key], kinds):
+            raise bad(f"{key} has the wrong type ({type(d[key]).__name__})")
+    fields = {k: v for k, v in d.items() if k in ModelInfo.__dataclass_fields__}
+    fields.update(in_shape=list(shape), mean=[float(x) for x in d["mean"]],
+                  std=[float(x) for x in d["std"]])
+    return ModelInfo(**fields)
+
+
 def info_from_dict(d: dict, where: str | Path) -> ModelInfo:
-    """A ModelInfo from its dict form; unknown keys (a newer mnistflow's) are ignored and files
-    from before ``factory`` existed get its defaults."""
-    try:
-        return ModelInfo(**{k: v for k, v in d.items() if k in ModelInfo.__dataclass_fields__})
-    except (TypeError, AttributeError) as e:
-        raise MnistflowError(f"unreadable mnistflow metadata ({e})", where) from None
+    """A ModelInfo from its dict form, validated (``validate_info``); unknown keys (a newer
+    mnistflow's) are ignored and files from before ``factory`` existed get its defaults."""
+    return validate_info(d, where)
 
 
 def info_from_json(text: str, where: str | Path) -> ModelInfo:
-    """A ModelInfo from its JSON (see ``info_from_dict``)."""
+    """A ModelInfo from its JSON (see ``validate_info``), refused past ``MAX_META_CHARS``."""
+    if not isinstance(text, str) or len(text) > MAX_META_CHARS:
+        raise MnistflowError(f"unreadable mnistflow metadata (not text of at most "
+                             f"{MAX_META_CHARS:,} characters)", where)
     try:
         d = json.loads(text)
-    except ValueError as e:
-        raise MnistflowError(f"unreadable mnistflow metadata ({e})", where) from None
-    return info_from_dict(d, where)
+    except (ValueError, RecursionError) as e:
+        raise MnistflowError(f"unreadable mnistflow metadata ({e.__class__.__name__}: "
+                             f"{str(e)[:120]})", where) from None
+    return validate_info(d, where)
 
 
 def info_from_records(model: str, rec, metrics: dict | None = None) -> ModelInfo:
@@ -262,27 +362,67 @@ def info_from_records(model: str, rec, metrics: dict | None = None) -> ModelInfo
                      metrics=dict(metrics or {}))
 
 
-def read_model_file(path: str | Path) -> tuple[dict[str, torch.Tensor], ModelInfo]:
-    """(weights, info) of a ``.safetensors`` model file (or a run directory's)."""
-    from safetensors import SafetensorError, safe_open
-    from safetensors.torch import load_file
+MAX_HEADER_BYTES = 64 * 1024 * 1024  # a safetensors JSON header (names, shapes, metadata)
 
-    p = resolve_model_path(path)
+
+def _check_safetensors_header(p: Path) -> None:
+    """The 8-byte header length against the file size and ``MAX_HEADER_BYTES``, before the
+    safetensors library reads (and allocates for) the header."""
+    try:
+        with open(p, "rb") as f:
+            head = f.read(8)
+            size = os.fstat(f.fileno()).st_size
+    except OSError as e:
+        raise MnistflowError(f"cannot read ({e.strerror})", p) from None
+    if len(head) < 8:
+        raise MnistflowError("not a safetensors model (shorter than its 8-byte header length)", p)
+    n = int.from_bytes(head, "little")
+    if n > min(MAX_HEADER_BYTES, size - 8):
+        raise MnistflowError(f"not a safetensors model (header of {n:,} bytes in a file of "
+                             f"{size:,}; at most {MAX_HEADER_BYTES:,})", p)
+
+
+def _open_model_file(p: Path) -> tuple[dict[str, tuple[int, ...]], ModelInfo]:
+    """(name -> declared shape, validated info) of a safetensors model, reading only its header."""
+    from safetensors import SafetensorError, safe_open
+
+    _check_safetensors_header(p)
     try:
         with safe_open(str(p), "pt") as f:
             meta = f.metadata() or {}
-        sd = load_file(str(p))
+            shapes = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
     except (SafetensorError, OSError, ValueError) as e:
-        raise MnistflowError(f"not a readable safetensors model ({e})", p) from None
+        raise MnistflowError(f"not a readable safetensors model ({str(e)[:160]})", p) from None
     if META_KEY not in meta:
         raise MnistflowError("has no mnistflow metadata (which model is it?)", p)
-    return sd, info_from_json(meta[META_KEY], p)
+    return shapes, info_from_json(meta[META_KEY], p)
+
+
+def _read_tensors(p: Path) -> dict[str, torch.Tensor]:
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        return load_file(str(p))
+    except (SafetensorError, OSError, ValueError, RuntimeError) as e:
+        raise MnistflowError(f"not a readable safetensors model ({str(e)[:160]})", p) from None
+
+
+def read_model_file(path: str | Path) -> tuple[dict[str, torch.Tensor], ModelInfo]:
+    """(weights, info) of a ``.safetensors`` model file (or a run directory's); the header and
+    the metadata are validated before any tensor is read."""
+    p = resolve_model_path(path)
+    _, info = _open_model_file(p)
+    return _read_tensors(p), info
 
 
 def load_model(path: str | Path, device: torch.device | str = "cpu") -> tuple[nn.Module, ModelInfo]:
-    """A model ready for inference (eval mode) from a run directory or a .safetensors file."""
+    """A model ready for inference (eval mode) from a run directory or a .safetensors file.
+
+    Validated before anything is allocated: the header size, the metadata (``validate_info``)
+    and the declared tensor shapes against the model it describes (``check_planned``)."""
     p = resolve_model_path(path)
-    sd, info = read_model_file(p)
-    model = build_model(info, p)
-    load_weights(model, sd, p, what=info.model)
+    shapes, info = _open_model_file(p)
+    model = build_model(info, p, expect=shapes)
+    load_weights(model, _read_tensors(p), p, what=info.model)
     return model.to(device).eval(), info

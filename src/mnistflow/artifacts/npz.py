@@ -13,6 +13,7 @@ from __future__ import annotations
 import fnmatch
 import io
 import json
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -20,7 +21,8 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from mnistflow.artifacts.model_file import ModelInfo, WeightsFit, check_fit, info_from_json, unwrap
+from mnistflow.artifacts.model_file import MAX_META_CHARS, ModelInfo, WeightsFit, check_fit, unwrap, \
+    validate_info
 from mnistflow.core.errors import MnistflowError, display
 from mnistflow.core.fsutil import atomic_write_bytes
 
@@ -52,31 +54,83 @@ def write_npz(path: str | Path, arrays: dict[str, np.ndarray], info: ModelInfo |
     atomic_write_bytes(path, buf.getvalue())
 
 
+MAX_NPZ_BYTES = 4 * 1024 ** 3  # all arrays of one npz together, as their headers declare them
+NUMBER_KINDS = "biuf"  # bool, signed and unsigned integers, floats
+
+
+def check_npz(p: Path) -> None:
+    """Every member's ``.npy`` header against the zip directory, before any array is read: a
+    member must be a plain number array (no text, no pickled objects) whose declared shape and
+    dtype account for exactly its stored size, and all of them together at most
+    ``MAX_NPZ_BYTES``. A file that is not a zip is refused here too."""
+    import zipfile
+
+    from numpy.lib import format as npf
+
+    readers = {(1, 0): npf.read_array_header_1_0, (2, 0): npf.read_array_header_2_0}
+    try:
+        if not zipfile.is_zipfile(p):
+            raise MnistflowError("not an npz (it is not a zip archive of .npy arrays)", p)
+        total = 0
+        with zipfile.ZipFile(p) as z:
+            for zi in z.infolist():
+                name = zi.filename[:-4] if zi.filename.endswith(".npy") else None
+                if name is None or zi.is_dir():
+                    raise MnistflowError(f"not an npz of arrays (member '{zi.filename[:80]}')", p)
+                with z.open(zi) as f:
+                    try:
+                        version = npf.read_magic(f)
+                        shape, _, dtype = readers[version](f)
+                    except (ValueError, KeyError, EOFError) as e:
+                        raise MnistflowError(f"'{name}' is not a readable .npy array "
+                                             f"({e.__class__.__name__})", p) from None
+                    header = f.tell()
+                if dtype.hasobject:
+                    raise MnistflowError("refused: the npz holds pickled objects (loading them could "
+                                         f"execute code); only plain arrays are read ('{name}')", p)
+                if dtype.kind not in NUMBER_KINDS:
+                    raise MnistflowError(f"'{name}' holds {dtype} values; parameters must be numbers "
+                                         "(bool, int, uint or float)", p)
+                nbytes = math.prod(shape) * dtype.itemsize
+                if header + nbytes != zi.file_size:
+                    raise MnistflowError(f"'{name}' declares {'x'.join(map(str, shape)) or 'a scalar'} "
+                                         f"{dtype} ({nbytes:,} bytes) but stores "
+                                         f"{max(zi.file_size - header, 0):,}", p)
+                total += nbytes
+                if total > MAX_NPZ_BYTES:
+                    raise MnistflowError(f"the arrays declare over {MAX_NPZ_BYTES:,} bytes", p)
+    except FileNotFoundError:
+        raise MnistflowError("no such file", p) from None
+    except (OSError, zipfile.BadZipFile, EOFError, NotImplementedError) as e:
+        raise MnistflowError(f"not a readable npz ({e.__class__.__name__}: {str(e)[:120]})", p) from None
+
+
 def read_npz(path: str | Path) -> tuple[dict[str, np.ndarray], ModelInfo | None]:
-    """(name -> array, info or None) from an npz, opened with ``allow_pickle=False``."""
+    """(name -> array, info or None) from an npz, each member's header checked first
+    (``check_npz``), then opened with ``allow_pickle=False``."""
     p = Path(path)
+    if p.exists() and not p.is_file():
+        raise MnistflowError("not a regular file", p)
+    check_npz(p)
     try:
         with np.load(p, allow_pickle=False) as z:
             arrays = {k: z[k] for k in z.files}
     except FileNotFoundError:
         raise MnistflowError("no such file", p) from None
-    except ValueError as e:
-        if "pickle" in str(e).lower():
-            raise MnistflowError("refused: the npz holds pickled objects (loading them could "
-                                 "execute code); only plain arrays are read", p) from None
-        raise MnistflowError(f"not a readable npz ({e})", p) from None
-    except Exception as e:  # OSError, EOFError, zipfile.BadZipFile and friends
-        raise MnistflowError(f"not a readable npz ({e.__class__.__name__}: {e})", p) from None
+    except Exception as e:  # OSError, EOFError, zipfile.BadZipFile (a bad CRC) and friends
+        raise MnistflowError(f"not a readable npz ({e.__class__.__name__}: {str(e)[:120]})", p) from None
     info = None
     raw = arrays.pop(NPZ_META_KEY, None)
     if raw is not None:
-        if raw.dtype != np.uint8 or raw.ndim != 1:
+        if raw.dtype != np.uint8 or raw.ndim != 1 or raw.size > MAX_META_CHARS:
             raise MnistflowError(f"'{NPZ_META_KEY}' entry is not uint8 JSON", p)
         try:
             meta = json.loads(raw.tobytes().decode()) if raw.size else {}
-        except ValueError as e:
-            raise MnistflowError(f"unreadable '{NPZ_META_KEY}' entry ({e})", p) from None
-        info = info_from_json(json.dumps(meta.get("info", {})), p)
+        except (ValueError, RecursionError) as e:
+            raise MnistflowError(f"unreadable '{NPZ_META_KEY}' entry ({e.__class__.__name__})", p) from None
+        if not isinstance(meta, dict):
+            raise MnistflowError(f"'{NPZ_META_KEY}' entry is not a JSON object", p)
+        info = validate_info(meta.get("info", {}), p)
     return arrays, info
 
 

@@ -16,6 +16,7 @@ import functools
 import inspect
 import io
 import logging
+import math
 import warnings
 from pathlib import Path
 
@@ -133,8 +134,9 @@ def _source_params(path: Path, info: ModelInfo) -> int | None:
     try:
         from mnistflow.models import create_model
 
-        return sum(p.numel() for p in create_model(info.model, tuple(info.in_shape),
-                                                   info.num_classes).parameters())
+        with torch.device("meta"):  # counted, never allocated (the metadata may be hostile)
+            model = create_model(info.model, tuple(info.in_shape), info.num_classes)
+        return sum(p.numel() for p in model.parameters())
     except Exception:  # a model this mnistflow does not know: count the file's weights
         pass
     try:
@@ -146,13 +148,80 @@ def _source_params(path: Path, info: ModelInfo) -> int | None:
         return None
 
 
+MAX_ONNX_VALUES = 1 << 30  # initializer elements in one model, all together
+
+
+def check_onnx_file(path: Path) -> None:
+    """Each initializer's declared shape and type against the bytes it carries (external data
+    is refused: ``mnistflow export`` never writes it), all together at most
+    ``MAX_ONNX_VALUES``, before onnxruntime allocates anything. Skipped without ``onnx``."""
+    try:
+        import onnx
+        from onnx import TensorProto, helper
+    except ImportError:
+        return
+    try:
+        m = onnx.load(str(path), load_external_data=False)
+    except Exception as e:  # a protobuf decode error
+        raise MnistflowError(f"not a loadable ONNX model ({e.__class__.__name__})", path) from None
+    typed = ("float_data", "int32_data", "string_data", "int64_data", "double_data", "uint64_data")
+    total = 0
+    for t in m.graph.initializer:
+        if t.data_location == TensorProto.EXTERNAL or t.external_data:
+            raise MnistflowError(f"refused: initializer '{t.name[:80]}' keeps its data outside the "
+                                 "file (mnistflow exports never do)", path)
+        if any(d < 0 for d in t.dims):
+            raise MnistflowError(f"initializer '{t.name[:80]}' has a negative dimension", path)
+        n = math.prod(t.dims)
+        total += n
+        if total > MAX_ONNX_VALUES:
+            raise MnistflowError(f"the initializers declare over {MAX_ONNX_VALUES:,} values", path)
+        try:
+            size = np.dtype(helper.tensor_dtype_to_np_dtype(t.data_type)).itemsize
+        except Exception:
+            raise MnistflowError(f"initializer '{t.name[:80]}' has an unknown data type "
+                                 f"{t.data_type}", path) from None
+        stored = len(t.raw_data) if t.raw_data else sum(len(getattr(t, f)) for f in typed)
+        want = n * size if t.raw_data else n
+        if t.data_type in (TensorProto.FLOAT16, TensorProto.BFLOAT16) and not t.raw_data:
+            want = n  # stored one value per int32
+        if stored != want:
+            raise MnistflowError(f"initializer '{t.name[:80]}' declares {'x'.join(map(str, t.dims))} "
+                                 f"values but stores {stored:,} {'bytes' if t.raw_data else 'values'}",
+                                 path)
+
+
+def _check_io(sess, info: ModelInfo, path: Path) -> None:
+    """The session's input (N, C, H, W) and output (N, K) against the metadata's in_shape and
+    class count (a fixed dimension that differs is an error; a symbolic one is taken as is)."""
+    ins, outs = sess.get_inputs(), sess.get_outputs()
+    if len(ins) != 1 or not outs:
+        raise MnistflowError(f"ONNX model has {len(ins)} inputs and {len(outs)} outputs; "
+                             "expected one image input and logits", path)
+
+    def fits(shape, want) -> bool:
+        return isinstance(shape, list) and len(shape) == len(want) and all(
+            not isinstance(d, int) or w is None or d == w for d, w in zip(shape, want))
+
+    c, h, w = info.in_shape
+    if not fits(ins[0].shape, [None, c, h, w]):
+        raise MnistflowError(f"ONNX input shape {ins[0].shape} does not match the metadata's "
+                             f"in_shape {c}x{h}x{w}", path)
+    if not fits(outs[0].shape, [None, info.num_classes]):
+        raise MnistflowError(f"ONNX output shape {outs[0].shape} does not match the metadata's "
+                             f"{info.num_classes} classes", path)
+
+
 def load_onnx(path: str | Path, threads: int | None = None) -> tuple[OnnxBackend, ModelInfo]:
-    """An ``.onnx`` file written by ``mnistflow export`` as a backend, and its info."""
+    """An ``.onnx`` file written by ``mnistflow export`` as a backend, and its info; the
+    initializers, the metadata and the input/output shapes are validated."""
     p = Path(path)
+    check_onnx_file(p)
     sess = session(p, threads)
     meta = sess.get_modelmeta().custom_metadata_map
     if META_KEY not in meta:
         raise MnistflowError("ONNX model has no mnistflow metadata (export it with "
                              "'mnistflow export --format onnx')", p)
     info = info_from_json(meta[META_KEY], p)
+    _check_io(sess, info, p)
     return OnnxBackend(sess, info, p), info

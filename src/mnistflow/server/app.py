@@ -14,12 +14,16 @@ rule) -> ``{"label", "class_name", "probabilities", "model", "latency_ms", "prep
 plus ``input``, the picture the model saw (H x W or H x W x C), with ``?input=1`` (the page
 shows it); ``GET /api/model``;
 ``GET /healthz``. Bad requests get a 4xx and ``{"error": "..."}``; the server keeps serving.
+Every bound (body size, pixels, concurrent decodes, header/body/work deadlines, connections)
+and who may POST (same origin only; image/*, JSON or octet-stream bodies) are in ``guard``.
 
 The event loop only reads requests; decoding, preprocessing and inference run in a thread
 pool, so requests are handled concurrently (one intra-op thread per request by default).
 """
 from __future__ import annotations
 
+import asyncio
+import json
 import math
 import os
 import socket
@@ -30,6 +34,16 @@ import numpy as np
 
 from mnistflow.core.errors import MnistflowError
 from mnistflow.core.log import warn
+from mnistflow.server.guard import (
+    LOCAL_HOSTS,
+    Deadline,
+    Limits,
+    Slots,
+    body_kind,
+    check_host,
+    check_origin,
+    server_config,
+)
 from mnistflow.server.inputs import (
     MAX_BODY,
     BadInput,
@@ -41,7 +55,6 @@ from mnistflow.server.inputs import (
 from mnistflow.server.predictor import Predictor, load_predictor
 
 STATIC = Path(__file__).parent / "static"
-LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
 PAGE_HEADERS = {  # the page may load nothing from elsewhere
     "Content-Security-Policy": "default-src 'self'; img-src 'self' data: blob:; object-src 'none'; "
                                "base-uri 'none'; frame-ancestors 'none'",
@@ -50,7 +63,7 @@ PAGE_HEADERS = {  # the page may load nothing from elsewhere
 }
 
 
-def describe(pred: Predictor) -> dict:
+def describe(pred: Predictor, limits: Limits | None = None) -> dict:
     """What ``GET /api/model`` returns and the page's model panel shows."""
     info = pred.info
     c, h, w = info.in_shape
@@ -62,19 +75,24 @@ def describe(pred: Predictor) -> dict:
         "class_names": list(info.class_names), "num_classes": info.num_classes,
         "test_acc": metrics.get("test_acc"), "val_acc": metrics.get("val_acc"),
         "background": "dark" if sum(info.mean) / len(info.mean) < 127 else "light",
-        "max_body_bytes": MAX_BODY,
+        "max_body_bytes": limits.max_body if limits else MAX_BODY,
+        "max_pixels": (limits or Limits()).max_pixels,
     }
 
 
+_DEFAULT_LIMITS = Limits()
+
+
 def classify(pred: Predictor, body: bytes, content_type: str, mode: str | None,
-             with_input: bool = False) -> dict:
+             with_input: bool = False, limits: Limits | None = None) -> dict:
     """One request body -> the prediction (runs in a worker thread)."""
+    limits = limits or _DEFAULT_LIMITS
     if is_json(content_type, body):
         img, json_mode = parse_json(body)
         mode = json_mode or mode
     else:
-        img = decode_image(body)
-    x, used = to_input(img, pred.info, mode)
+        img = decode_image(body, limits)
+    x, used = to_input(img, pred.info, mode, limits.min_side)
     p = pred.predict(x[None])[0]
     if not np.isfinite(p).all():
         raise RuntimeError("the model returned non-finite probabilities")
@@ -85,6 +103,7 @@ def classify(pred: Predictor, body: bytes, content_type: str, mode: str | None,
     if with_input:
         res["input"] = (x[..., 0] if x.shape[2] == 1 else x).tolist()
     return res
+
 
 
 async def read_body(request, limit: int = MAX_BODY) -> bytes:
@@ -108,23 +127,31 @@ async def read_body(request, limit: int = MAX_BODY) -> bytes:
     return b"".join(chunks)
 
 
-def create_app(model: str | Path | Predictor, *, threads: int = 1):
-    """The Starlette app for a run directory, model file, ONNX export or a ready ``Predictor``."""
+def create_app(model: str | Path | Predictor, *, threads: int = 1, limits: Limits | None = None,
+               allowed_hosts: tuple[str, ...] | None = None):
+    """The Starlette app for a run directory, model file, ONNX export or a ready ``Predictor``.
+
+    ``limits``: the server's bounds (``guard.Limits``; its defaults otherwise).
+    ``allowed_hosts``: the host names the ``Host`` header may carry (None: any); ``serve`` on
+    this machine passes the local names, which stops DNS rebinding."""
     try:
         from starlette.applications import Starlette
-        from starlette.concurrency import run_in_threadpool
         from starlette.exceptions import HTTPException
-        from starlette.responses import FileResponse, JSONResponse
+        from starlette.requests import ClientDisconnect
+        from starlette.responses import FileResponse, JSONResponse, Response
         from starlette.routing import Mount, Route
         from starlette.staticfiles import StaticFiles
     except ImportError:
         raise MnistflowError("serving needs starlette and uvicorn: pip install 'mnistflow[serve]'") from None
 
+    limits = limits or Limits()
+    hosts = None if allowed_hosts is None else frozenset(h.lower().strip("[]") for h in allowed_hosts)
     pred = model if hasattr(model, "predict") else load_predictor(model, threads)
-    model_json = describe(pred)
+    model_json = describe(pred, limits)
+    slots = Slots(limits.max_concurrent, limits.work_timeout)
 
-    def error(status: int, message: str) -> JSONResponse:
-        return JSONResponse({"error": message, "status": status}, status_code=status)
+    def error(status: int, message: str, headers: dict | None = None) -> JSONResponse:
+        return JSONResponse({"error": message, "status": status}, status_code=status, headers=headers)
 
     async def index(request):
         return FileResponse(STATIC / "index.html", headers=PAGE_HEADERS)
@@ -138,12 +165,27 @@ def create_app(model: str | Path | Predictor, *, threads: int = 1):
     async def predict(request):
         t0 = time.perf_counter()
         try:
-            body = await read_body(request)
+            headers = request.headers
+            check_origin(headers)
+            content_type = headers.get("content-type", "")
+            body_kind(content_type)  # 415 before reading the body
+            deadline = Deadline(limits.body_timeout)
+            try:
+                body = await read_body(request, limits.max_body)
+            except asyncio.CancelledError:
+                if not deadline.expired():
+                    raise
+                raise BadInput(408, f"the request body did not arrive within {limits.body_timeout:g} s",
+                               {"Connection": "close"}) from None
+            finally:
+                deadline.expired()
             q = request.query_params
-            res = await run_in_threadpool(classify, pred, body, request.headers.get("content-type", ""),
-                                          q.get("preprocess"), q.get("input", "0").lower() in ("1", "true"))
+            res = await slots.run(classify, pred, body, content_type, q.get("preprocess"),
+                                  q.get("input", "0").lower() in ("1", "true"), limits)
         except BadInput as e:
-            return error(e.status, e.message)
+            return error(e.status, e.message, e.headers)
+        except ClientDisconnect:  # the client left mid-body: nobody reads an answer, no traceback
+            return Response(status_code=400)
         res["latency_ms"] = round(1000 * (time.perf_counter() - t0), 3)
         return JSONResponse(res)
 
@@ -162,13 +204,50 @@ def create_app(model: str | Path | Predictor, *, threads: int = 1):
     ]
     app = Starlette(routes=routes, exception_handlers={HTTPException: http_error, Exception: server_error})
     app.state.predictor = pred
-    return app
+    app.state.limits = limits
+    return HostCheck(app, hosts) if hosts is not None else app
+
+
+class HostCheck:
+    """ASGI wrapper: a request whose ``Host`` is not one of ``hosts`` gets a JSON 403."""
+
+    def __init__(self, app, hosts: frozenset[str]):
+        self.app, self.hosts, self.state = app, hosts, app.state
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http":
+            headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]
+                       if k == b"host"}
+            try:
+                check_host(headers, self.hosts)
+            except BadInput as e:
+                body = json.dumps({"error": e.message, "status": e.status}).encode()
+                await send({"type": "http.response.start", "status": e.status,
+                            "headers": [(b"content-type", b"application/json"),
+                                        (b"content-length", str(len(body)).encode())]})
+                await send({"type": "http.response.body", "body": body})
+                return
+        await self.app(scope, receive, send)
 
 
 def app_from_env():
     """The app for ``--workers N`` (each worker process loads the model itself)."""
+    _quiet_bomb_warnings()
+    hosts = os.environ.get("MNISTFLOW_SERVE_HOSTS")
     return create_app(os.environ["MNISTFLOW_SERVE_MODEL"],
-                      threads=int(os.environ.get("MNISTFLOW_SERVE_THREADS", "1")))
+                      threads=int(os.environ.get("MNISTFLOW_SERVE_THREADS", "1")),
+                      limits=Limits(**json.loads(os.environ.get("MNISTFLOW_SERVE_LIMITS", "{}"))),
+                      allowed_hosts=tuple(json.loads(hosts)) if hosts else None)
+
+
+def _quiet_bomb_warnings() -> None:
+    """Pillow warns (a raw stderr line) about pictures past its own limit; the server refuses
+    them itself right after reading their size, so the warning is noise in the server log."""
+    import warnings
+
+    from PIL import Image
+
+    warnings.filterwarnings("ignore", category=Image.DecompressionBombWarning)
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -186,36 +265,50 @@ def _bind(host: str, port: int) -> socket.socket:
 
 
 def serve(model: str | Path, host: str = "127.0.0.1", port: int = 8000, *, workers: int = 1,
-          threads: int = 1, access_log: bool = False) -> None:
-    """Serve the page and the API until Ctrl-C. ``host`` other than this machine: a warning."""
+          threads: int = 1, access_log: bool = False, limits: Limits | None = None,
+          max_pixels: int | None = None) -> None:
+    """Serve the page and the API until Ctrl-C. ``host`` other than this machine: a warning.
+
+    ``limits``: the server's bounds (``guard.Limits``); ``max_pixels`` overrides its pixel cap
+    (the CLI's ``--max-pixels``)."""
     try:
-        import uvicorn
+        import uvicorn  # noqa: F401
     except ImportError:
         raise MnistflowError("serving needs starlette and uvicorn: pip install 'mnistflow[serve]'") from None
     if workers < 1 or threads < 1:
         raise MnistflowError("--workers and --threads must be at least 1")
     if not 0 <= port <= 65535:
         raise MnistflowError(f"--port must be in 0..65535 (0: any free port), got {port}")
-    app = create_app(model, threads=threads)  # load once here: a bad model is a one-line error
+    limits = limits or Limits()
+    if max_pixels is not None:
+        if isinstance(max_pixels, bool) or not isinstance(max_pixels, int) or max_pixels < 1:
+            raise MnistflowError(f"--max-pixels must be a positive integer, got {max_pixels!r}")
+        limits = Limits(**{**limits.to_dict(), "max_pixels": max_pixels})
+    hosts = LOCAL_HOSTS if host in LOCAL_HOSTS else None  # another address: names unknown
+    app = create_app(model, threads=threads, limits=limits, allowed_hosts=hosts)  # a bad model: one line
     if host not in LOCAL_HOSTS:
         warn(f"--host {host} lets other machines reach this server; "
              "it has no authentication (the default, 127.0.0.1, is this machine only)")
+    _quiet_bomb_warnings()
     sock = _bind(host, port)
     shown = f"[{host}]" if ":" in host else host
-    info = app.state.predictor.info
-    print(f"serving {info.model} ({app.state.predictor.backend}) at http://{shown}:{sock.getsockname()[1]}/"
+    pred = app.state.predictor
+    print(f"serving {pred.info.model} ({pred.backend}) at http://{shown}:{sock.getsockname()[1]}/"
           f"  ({workers} worker{'s' * (workers > 1)}; Ctrl-C to stop)", flush=True)
     common = dict(log_level="warning", access_log=access_log, timeout_graceful_shutdown=5)
     try:
         if workers == 1:
-            uvicorn.Server(uvicorn.Config(app, **common)).run(sockets=[sock])
+            uvicorn.Server(server_config(app, limits, **common)).run(sockets=[sock])
         else:
             from uvicorn.supervisors import Multiprocess
 
             os.environ["MNISTFLOW_SERVE_MODEL"] = str(Path(model).resolve())
             os.environ["MNISTFLOW_SERVE_THREADS"] = str(threads)
-            config = uvicorn.Config("mnistflow.server.app:app_from_env", factory=True, workers=workers,
-                                    **common)
+            os.environ["MNISTFLOW_SERVE_LIMITS"] = json.dumps(limits.to_dict())
+            if hosts is not None:
+                os.environ["MNISTFLOW_SERVE_HOSTS"] = json.dumps(list(hosts))
+            config = server_config("mnistflow.server.app:app_from_env", limits, factory=True,
+                                   workers=workers, **common)
             Multiprocess(config, sockets=[sock]).run()
     except KeyboardInterrupt:  # uvicorn re-raises Ctrl-C after its graceful shutdown
         pass

@@ -20,40 +20,47 @@ from __future__ import annotations
 
 import io
 import json
+import math
 
 import numpy as np
 
 from mnistflow.artifacts.model_file import ModelInfo
+from mnistflow.server.guard import MAX_BODY, BadInput, Limits, body_kind
 
-MAX_BODY = 2 * 1024 * 1024  # bytes
-MAX_IMAGE_PIXELS = 4096 * 4096  # a 2 MB PNG can claim far more; refuse before decoding
+__all__ = ["BadInput", "MAX_BODY", "MAX_SIDE", "decode_image", "parse_json", "to_input", "is_json"]
+
+DEFAULTS = Limits()
+MAX_IMAGE_PIXELS = DEFAULTS.max_pixels  # the default; ``Limits.max_pixels`` sets it per server
 MAX_SIDE = 1024  # JSON pixel arrays
 FORMATS = ["PNG", "JPEG", "WEBP", "GIF", "BMP"]
 MODES = ("auto", "none", "mnist", "resize")
 
 
-class BadInput(Exception):
-    """A request the server refuses: ``status`` (4xx) and a message for the JSON error."""
+def decode_image(data: bytes, limits: Limits = DEFAULTS) -> np.ndarray:
+    """PNG/JPEG/... bytes -> uint8 (H, W) grey, (H, W, 3) colour, or with alpha (H, W, 2|4).
 
-    def __init__(self, status: int, message: str):
-        super().__init__(message)
-        self.status, self.message = status, message
-
-
-def decode_image(data: bytes) -> np.ndarray:
-    """PNG/JPEG/... bytes -> uint8 (H, W) grey, (H, W, 3) colour, or with alpha (H, W, 2|4)."""
+    Bounded before decoding: the size from the header (after choosing a JPEG's reduced decode
+    scale) must be at most ``limits.max_pixels`` pixels (else 413); the decoded picture is
+    reduced (box filter) to at most ``limits.work_side`` pixels a side before it becomes an
+    array, so what follows costs no more than a 1024x1024 picture would."""
     from PIL import Image
 
     try:
         im = Image.open(io.BytesIO(data), formats=FORMATS)
-    except Image.DecompressionBombError:
-        raise BadInput(413, f"the image has too many pixels: at most {MAX_IMAGE_PIXELS:,}") from None
+    except Image.DecompressionBombError:  # over twice Pillow's own limit: far over ours
+        raise BadInput(413, f"the image has too many pixels: at most {limits.max_pixels:,}") from None
     except Exception:
         raise BadInput(400, "the body is not a decodable image (PNG or JPEG), nor JSON with "
                             "Content-Type: application/json") from None
     w, h = im.size
-    if w * h > MAX_IMAGE_PIXELS or w == 0 or h == 0:
-        raise BadInput(413, f"image of {w}x{h} pixels: at most {MAX_IMAGE_PIXELS:,} pixels")
+    if w == 0 or h == 0:
+        raise BadInput(400, f"image of {w}x{h} pixels has no pixels")
+    side = limits.work_side
+    if im.format == "JPEG" and max(w, h) > side:  # decode at 1/2, 1/4 or 1/8 scale: far cheaper
+        im.draft(im.mode if im.mode in ("L", "RGB") else None, (side * w // max(w, h), side * h // max(w, h)))
+    dw, dh = im.size
+    if dw * dh > limits.max_pixels:
+        raise BadInput(413, f"image of {w}x{h} pixels: at most {limits.max_pixels:,} pixels")
     try:
         im.load()
         if im.mode in ("1", "L", "I", "I;16", "F"):
@@ -62,9 +69,11 @@ def decode_image(data: bytes) -> np.ndarray:
             im = im.convert("RGBA")
         else:
             im = im.convert("RGB")
+        if max(im.size) > side:
+            im = im.reduce(math.ceil(max(im.size) / side))
         a = np.asarray(im)
     except Exception as e:  # truncated or corrupt data
-        raise BadInput(400, f"the image could not be decoded ({e.__class__.__name__}: {e})") from None
+        raise BadInput(400, f"the image could not be decoded ({e.__class__.__name__}: {str(e)[:160]})") from None
     return a
 
 
@@ -131,12 +140,17 @@ def dark_background(info: ModelInfo) -> bool:
     return sum(info.mean) / max(len(info.mean), 1) < 127
 
 
-def to_input(img: np.ndarray, info: ModelInfo, mode: str | None = None) -> tuple[np.ndarray, str]:
-    """A decoded picture -> ((H, W, C) uint8 at the model's size, the preprocessing used)."""
+def to_input(img: np.ndarray, info: ModelInfo, mode: str | None = None,
+             min_side: int = DEFAULTS.min_side) -> tuple[np.ndarray, str]:
+    """A decoded picture -> ((H, W, C) uint8 at the model's size, the preprocessing used); a
+    picture under ``min_side`` pixels a side (unless at the model's size) is a 400."""
     from mnistflow.data.picture import to_model_input
 
     mode = pick_mode(img, info, mode)
     c, h, w = info.in_shape
+    if mode != "none" and min(img.shape[:2]) < min(min_side, h, w):
+        raise BadInput(400, f"image of {img.shape[1]}x{img.shape[0]} pixels is too small to "
+                            f"classify: at least {min(min_side, h, w)} pixels a side")
     if mode == "none":
         x = img.reshape(h, w, c)
     else:
@@ -146,7 +160,7 @@ def to_input(img: np.ndarray, info: ModelInfo, mode: str | None = None) -> tuple
 
 
 def is_json(content_type: str, data: bytes) -> bool:
-    ct = content_type.split(";")[0].strip().lower()
-    if ct == "application/json" or ct.endswith("+json"):
-        return True
-    return not ct.startswith("image/") and data.lstrip()[:1] in (b"{", b"[")
+    """Whether the body is JSON pixels (else an image); a ``Content-Type`` the server does not
+    accept is a 415 (``guard.body_kind``)."""
+    kind = body_kind(content_type)
+    return kind == "json" or (kind == "sniff" and data.lstrip()[:1] in (b"{", b"["))
