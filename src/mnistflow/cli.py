@@ -25,14 +25,38 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
+# Bounds of the other verbs' numeric flags (train's and profile's live on TrainConfig's fields).
+MAX_SIDE = 4096  # pixels of --input / --resize: MNIST-family images are tens of pixels a side
+MAX_CHANNELS = 1024
+MAX_CLASSES = 100_000  # as a model file's class_names
+MAX_SEED = 2**32 - 1  # as train's --seed (training.config.MAX_SEED)
+MAX_INT = 2**63 - 1
+MAX_PROCESSES = 1024
+
+
+def _int_in(low: int, high: int):
+    """An argparse type: an integer from ``low`` to ``high``; anything else is a one-line error."""
+    def parse(text: str) -> int:
+        try:
+            n = int(text)
+        except ValueError:
+            n = None
+        if n is None or not low <= n <= high:
+            allowed = f"from {low} to {high}" if high < MAX_INT else f">= {low}"
+            raise argparse.ArgumentTypeError(f"expected an integer {allowed}, got '{text}'")
+        return n
+    return parse
+
+
 def _size(text: str) -> tuple[int, int]:
     try:
         h, w = (int(v) for v in text.lower().split("x"))
-        if h <= 0 or w <= 0:
+        if not (0 < h <= MAX_SIDE and 0 < w <= MAX_SIDE):
             raise ValueError
         return h, w
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected HxW like 28x28, got '{text}'") from None
+        raise argparse.ArgumentTypeError(f"expected HxW like 28x28 (sides 1 to {MAX_SIDE}), "
+                                         f"got '{text}'") from None
 
 
 # --- verbs -----------------------------------------------------------------------------
@@ -42,9 +66,11 @@ def _add_prep(sub) -> None:
     p.add_argument("dataset", nargs="?", help="a known dataset: mnist, fashion-mnist, kmnist, cifar10")
     p.add_argument("--data", type=Path, help="raw input: a file or folder (default: $MNISTFLOW_DATA)")
     p.add_argument("--out", type=Path, help="records directory to write (default: in the cache)")
-    p.add_argument("--val-size", type=int, default=5000, help="validation images carved from train")
-    p.add_argument("--seed", type=int, default=0, help="seed of the train/validation split")
-    p.add_argument("--variants", type=int, default=0, help="augmented copies of train to write")
+    p.add_argument("--val-size", type=_int_in(0, MAX_INT), default=5000,
+                   help="validation images carved from train")
+    p.add_argument("--seed", type=_int_in(0, MAX_SEED), default=0, help="seed of the train/validation split")
+    p.add_argument("--variants", type=_int_in(0, MAX_INT), default=0,
+                   help="augmented copies of train to write")
     p.add_argument("--resize", type=_size, help="resize folder/TFRecord images to HxW")
     p.add_argument("--image-key", default="image", help="TFRecord image feature name")
     p.add_argument("--label-key", default="label", help="TFRecord label feature name")
@@ -138,7 +164,7 @@ def _train_flags(p: argparse.ArgumentParser, argv: list[str], verb_defaults: dic
     run = groups["run"]
     run.add_argument("-h", "--help", action="help", help="show this help message and exit")
     run.add_argument("--config", type=Path, help="a TOML file of settings (e.g. a run's config.toml)")
-    run.add_argument("--nproc", type=int, metavar="N",
+    run.add_argument("--nproc", type=_int_in(1, MAX_PROCESSES), metavar="N",
                      help="data parallel on this machine: re-run this command under torchrun with N processes")
     for f in fields(TrainConfig):
         g = groups[f.metadata["group"]]
@@ -190,8 +216,9 @@ def _profile_settings(given: dict) -> dict:
     for k, v in PROFILE_DEFAULTS.items():
         if out.get(k) in (None, ""):
             out[k] = v
-    if out.get("max_steps") is None:
-        out["max_steps"] = int(out["profile_steps"].split(":")[1])
+    last = str(out["profile_steps"]).partition(":")[2].strip()
+    if out.get("max_steps") is None and last.isdigit():  # a malformed A:B is reported by the config
+        out["max_steps"] = int(last)
     return out
 
 
@@ -201,15 +228,17 @@ def _run_train(a) -> int:
     from mnistflow.training.config import TrainConfig
     from mnistflow.training.loop import TrainingInterrupted, train
 
-    if a.nproc:
-        from mnistflow.runtime.dist import env_info, launch_local
-
-        if env_info().enabled:
-            raise MnistflowError("--nproc is for a plain command; under torchrun leave it out")
-        return launch_local(a.nproc, _without_nproc(sys.argv[1:]))
     given = {f.name: getattr(a, f.name) for f in fields(TrainConfig) if getattr(a, f.name) is not None}
     if a.profile:
         given = _profile_settings(given)
+    if a.nproc is not None:
+        from mnistflow.runtime.dist import env_info, launch_local
+        from mnistflow.training.loop import resolve_config
+
+        if env_info().enabled:
+            raise MnistflowError("--nproc is for a plain command; under torchrun leave it out")
+        resolve_config(a.config, **given)  # a bad setting is one line here, not one per process
+        return launch_local(a.nproc, _without_nproc(sys.argv[1:]))
     try:
         train(a.config, **given)
     except TrainingInterrupted as e:  # a checkpoint was saved: 130 (SIGINT) / 143 (SIGTERM)
@@ -221,19 +250,45 @@ def _run_train(a) -> int:
 def _add_models(sub) -> None:
     p = sub.add_parser("models", help="list the registered models with parameter counts")
     p.add_argument("--input", type=_size, default=(28, 28), help="input HxW (default 28x28)")
-    p.add_argument("--channels", type=int, default=1)
-    p.add_argument("--classes", type=int, default=10)
+    p.add_argument("--channels", type=_int_in(1, MAX_CHANNELS), default=1)
+    p.add_argument("--classes", type=_int_in(1, MAX_CLASSES), default=10)
     p.set_defaults(func=_run_models)
 
 
+# Inputs up to this many values (channels x pixels, above any known dataset's 3x32x32) are built
+# on the CPU; larger ones on the meta device, where a layer's weights take no memory whatever
+# their size (its first use costs ~1 s of imports, so the usual listing does not pay it).
+META_ABOVE = 3 * 64 * 64
+
+
+def _parameters(name: str, shape: tuple[int, int, int], classes: int) -> int:
+    """Parameters of model ``name`` for input ``shape`` (C, H, W), in bounded memory."""
+    import math
+
+    import torch
+
+    from mnistflow.models import create_model
+
+    if math.prod(shape) <= META_ABOVE:
+        model = create_model(name, shape, classes)
+    else:
+        try:
+            with torch.device("meta"):
+                model = create_model(name, shape, classes)
+        except (NotImplementedError, RuntimeError) as e:  # it computes values while it is built
+            raise MnistflowError(f"cannot count its parameters for input {'x'.join(map(str, shape))} "
+                                 f"without building it ({type(e).__name__}); try a smaller --input",
+                                 name) from None
+    return sum(p.numel() for p in model.parameters())
+
+
 def _run_models(a) -> int:
-    from mnistflow.models import create_model, get_entry, list_models
+    from mnistflow.models import get_entry, list_models
 
     shape = (a.channels, *a.input)
     print(f"{'model':<14} {'params':>11}  description (input {shape[1]}x{shape[2]}x{shape[0]}, {a.classes} classes)")
     for name in list_models():
-        n = sum(p.numel() for p in create_model(name, shape, a.classes).parameters())
-        print(f"{name:<14} {n:>11,}  {get_entry(name).description}")
+        print(f"{name:<14} {_parameters(name, shape, a.classes):>11,}  {get_entry(name).description}")
     return 0
 
 
@@ -244,7 +299,7 @@ def _add_eval(sub) -> None:
     p.add_argument("--model", dest="model_name", help="the model name for an npz of parameters")
     p.add_argument("--data", type=Path, help="records or raw data (default: the model's own records)")
     p.add_argument("--device", default="auto")
-    p.add_argument("--batch-size", type=int, default=2000)
+    p.add_argument("--batch-size", type=_int_in(1, MAX_INT), default=2000)
     p.add_argument("--tta", type=int, default=0, metavar="N",
                    help="average each prediction over N one-pixel shifts too (0, 2, 4, 8), as --tta in training")
     p.add_argument("--json", action="store_true", help="print the result as one JSON object")
@@ -351,8 +406,10 @@ def _add_summary(sub) -> None:
     p = sub.add_parser("summary", help="layers, output shapes, parameters, MACs; --variables lists them")
     p.add_argument("model", help="a registered model, a layer spec, a run directory or a model file")
     p.add_argument("--input", type=_size, help="input HxW (default: the model's, or 28x28)")
-    p.add_argument("--channels", type=int, help="input channels (default: the model's, or 1)")
-    p.add_argument("--classes", type=int, help="classes for a model name or spec (default 10)")
+    p.add_argument("--channels", type=_int_in(1, MAX_CHANNELS),
+                   help="input channels (default: the model's, or 1)")
+    p.add_argument("--classes", type=_int_in(1, MAX_CLASSES),
+                   help="classes for a model name or spec (default 10)")
     p.add_argument("--variables", action="store_true", help="list every trainable variable with its shape")
     p.add_argument("--all", action="store_true", help="list all variables, buffers included")
     p.set_defaults(func=_run_summary)

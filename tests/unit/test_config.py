@@ -49,7 +49,8 @@ def test_get_recipe_is_a_copy_and_unknown_names_list_the_known():
     ({"train_on": "train+val", "target_acc": 0.99}, "--target-split test"),
     ({"tta": 3}, "--tta"),
     ({"resident": "maybe"}, "--resident"),
-    ({"keep_checkpoints": -1}, "--keep-checkpoints"),
+    ({"keep_checkpoints": -1}, "--keep-checkpoints must be an integer >= 0, got -1"),
+    ({"optimizer": "momentum", "nesterov": True, "momentum": 0.0}, "--nesterov needs a --momentum above 0"),
     ({"gpu_memory_fraction": 1.5}, "--gpu-memory-fraction"),
     ({"model": "nope"}, "unknown model 'nope'"),
     ({"optimizer": "nope"}, "unknown optimizer 'nope'"),
@@ -84,8 +85,9 @@ def test_load_toml_errors_name_the_file(tmp_path):
 def test_a_setting_must_name_a_known_help_group():
     with pytest.raises(ValueError, match="unknown help group 'misc'"):
         configmod.setting(0, "misc", "a setting in no section")
-    f = configmod.setting(3, "logging", "some help")
-    assert f.default == 3 and dict(f.metadata) == {"group": "logging", "help": "some help"}
+    f = configmod.setting(3, "logging", "some help", at_least=1)
+    assert f.default == 3 and dict(f.metadata) == {"group": "logging", "help": "some help",
+                                                   "rule": configmod.Rule(at_least=1)}
 
 
 def test_a_resolved_config_cannot_change():

@@ -18,8 +18,10 @@ from functools import lru_cache
 
 import torch
 
+from mnistflow.core.errors import MnistflowError
 from mnistflow.core.log import warn
 
+THREADS_ENV, MALLOC_ENV, DENORMALS_ENV = "MNISTFLOW_THREADS", "MNISTFLOW_MALLOC", "MNISTFLOW_DENORMALS"
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, M_MMAP_MAX = -1, -3, -4
 
 
@@ -58,10 +60,10 @@ def tune_malloc() -> bool:
     (serve large blocks from the heap, which is then reused), the same as setting
     ``MALLOC_TRIM_THRESHOLD_`` and ``MALLOC_MMAP_THRESHOLD_`` before start. Safe: it only
     changes when memory is handed back; peak memory stays the same. No-op off glibc.
-    Set ``MNISTFLOW_MALLOC=default`` to leave the allocator alone.
+    Set ``MNISTFLOW_MALLOC=default`` to leave the allocator alone (another value is an error).
     """
     global _malloc_tuned
-    if _malloc_tuned or os.environ.get("MNISTFLOW_MALLOC") == "default":
+    if _malloc_tuned or _env_value(MALLOC_ENV, ("default",)):
         return _malloc_tuned
     try:
         # by its usual name: ctypes.util.find_library would start an ldconfig process
@@ -77,12 +79,13 @@ def tune_malloc() -> bool:
 def flush_denormals() -> bool:
     """Treat denormal floats as zero on the CPU (FTZ/DAZ), for this process; ``False`` when
     the CPU cannot. Values below ~1.2e-38 (fp32) become 0: far below anything a gradient or
-    weight update can resolve. Set ``MNISTFLOW_DENORMALS=keep`` to leave them alone.
+    weight update can resolve. Set ``MNISTFLOW_DENORMALS=keep`` to leave them alone (another
+    value is an error).
 
     The mode is a per-thread register. Threads started later inherit it, but PyTorch's OpenMP
     worker threads may already exist (any earlier parallel op starts them), so the setting is
     also made on each of them: without that, half of every 2-thread op kept the slow path."""
-    if os.environ.get("MNISTFLOW_DENORMALS") == "keep":
+    if _env_value(DENORMALS_ENV, ("keep",)):
         return False
     if not torch.set_flush_denormal(True):
         return False
@@ -108,14 +111,56 @@ def _on_each_openmp_thread(fn) -> bool:
         return False
 
 
+MAX_THREADS = 1024  # more is a typo, not a machine (training.config.MAX_THREADS: the same)
+
+
+def _env_value(name: str, allowed: tuple[str, ...]) -> str | None:
+    """``$name`` (``None`` when unset or empty); any value but ``allowed`` is an error."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return None
+    if raw not in allowed:
+        raise MnistflowError(f"{name} must be {' or '.join(allowed)} (or unset), got {raw[:40]!r}")
+    return raw
+
+
+def _env_int(name: str, low: int, high: int) -> int | None:
+    """``$name`` as an integer in [low, high] (``None`` when unset or empty); anything else is an
+    error, before any work starts."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return None
+    try:
+        n = int(raw)
+    except ValueError:
+        n = None
+    if n is None or not low <= n <= high:
+        raise MnistflowError(f"{name} must be an integer from {low} to {high} (or unset), got {raw[:40]!r}")
+    return n
+
+
+def env_threads() -> int | None:
+    """``$MNISTFLOW_THREADS``: the intra-op threads the user chose (``None``: not chosen)."""
+    return _env_int(THREADS_ENV, 1, MAX_THREADS)
+
+
+def local_processes() -> int:
+    """Training processes on this machine: torchrun's ``$LOCAL_WORLD_SIZE``, 1 without it."""
+    return _env_int("LOCAL_WORLD_SIZE", 1, 1 << 20) or 1
+
+
+def check_environment() -> None:
+    """Every environment variable this module reads, checked at once (before a run starts)."""
+    env_threads()
+    local_processes()
+    _env_value(MALLOC_ENV, ("default",))
+    _env_value(DENORMALS_ENV, ("keep",))
+
+
 def default_threads() -> int:
     """``$MNISTFLOW_THREADS``, else the usable cores shared among this machine's training
     processes (torchrun's ``LOCAL_WORLD_SIZE``; 1 without torchrun)."""
-    n = int(os.environ.get("MNISTFLOW_THREADS", 0) or 0)
-    if n:
-        return n
-    local = int(os.environ.get("LOCAL_WORLD_SIZE", 1) or 1)
-    return max(1, usable_cores() // max(local, 1))
+    return env_threads() or max(1, usable_cores() // local_processes())
 
 
 def _jiffies(cpus: set[int]) -> tuple[int, int]:
@@ -163,8 +208,13 @@ def threads_for_load(threads: int, cores: int, busy: float) -> int:
 
 
 def set_threads(n: int | None) -> int:
-    """Intra-op threads: ``n``, else ``default_threads()``."""
+    """Intra-op threads: ``n``, else ``default_threads()``. More than the usable cores is
+    allowed, with a warning: OpenMP threads that share a core wait for each other at every op."""
     n = n or default_threads()
+    cores = usable_cores()
+    if n > cores:
+        warn(f"{n} threads on {cores} usable core(s): threads that share a core slow every step "
+             f"down; {cores} or fewer is faster")
     torch.set_num_threads(n)
     return n
 

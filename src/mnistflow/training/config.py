@@ -1,8 +1,9 @@
 """Training configuration: one dataclass; defaults < recipe < TOML file < flags.
 
-Each field carries its own ``--help`` text and help section (``dataclasses.field`` metadata,
-see :func:`setting`): ``mnistflow train --help`` is generated from them, so a new setting is
-documented where it is declared. Unknown keys (in a TOML file or a recipe) are errors. The
+Each field carries its own ``--help`` text, help section and the values it accepts
+(``dataclasses.field`` metadata, see :func:`setting`): ``mnistflow train --help`` is generated
+from them and :func:`validate` checks every value against them, so a new setting is documented
+and checked where it is declared. Unknown keys (in a TOML file or a recipe) are errors. The
 resolved configuration is saved in the run directory as ``config.toml`` and ``mnistflow
 train --config`` on it reproduces it; once resolved, a ``TrainConfig`` is not changed (derive
 a new one with ``dataclasses.replace``).
@@ -10,6 +11,8 @@ a new one with ``dataclasses.replace``).
 from __future__ import annotations
 
 import dataclasses
+import math
+import sys
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -28,12 +31,96 @@ GROUPS: dict[str, str] = {
     "checkpoints": "saving and resuming",
 }
 
+TRAIN_ON = ("train", "train+val")
+TTA_VIEWS = (0, 2, 4, 8)  # extra views: left/right, + up/down, + the diagonals
+# Every seed derived from --seed (data order, augmentation: seed * 1_000_003 + epoch, ...) must
+# stay inside the 64 bits torch.Generator takes: 32-bit seeds leave room, as numpy's legacy range.
+MAX_SEED = 2**32 - 1
+MAX_THREADS = 1024  # the same as runtime.cpu.MAX_THREADS (that module imports torch: not here)
+MAX_INT = 2**63 - 1  # an integer setting reaches tensors and numpy: int64
+MAX_TOML_BYTES = 1 << 20  # a configuration file is a few hundred bytes; refuse what is not one
 
-def setting(default: Any, group: str, help: str) -> Any:
-    """A ``TrainConfig`` field with its ``--help`` text and section (one of ``GROUPS``)."""
+
+@dataclass(frozen=True)
+class Rule:
+    """The values a setting accepts beyond its type: ``choices`` (of a text setting, or the only
+    numbers an integer setting takes) and bounds, exclusive (``above``, ``below``) or inclusive
+    (``at_least``, ``at_most``). Numbers must also be finite, integers fit in 64 bits, text hold
+    no NUL character."""
+
+    choices: tuple = ()
+    above: float | None = None
+    at_least: float | None = None
+    below: float | None = None
+    at_most: float | None = None
+
+    def describe(self, kind: str) -> str:
+        """What a valid value is, in the words of an error message: 'positive', 'in [0, 1)',
+        'one of val, test', 'a positive integer or auto'."""
+        if kind == "bool":
+            return "true or false"
+        if kind == "str" or (kind == "int" and self.choices):
+            return "one of " + ", ".join(map(str, self.choices)) if self.choices else "text"
+        number = self._bounds(integer=kind in ("int", "int | str"))
+        words = [c for c in self.choices if isinstance(c, str)]  # batch_size: auto
+        return " or ".join([number, *words])
+
+    def _bounds(self, integer: bool) -> str:
+        lo, lo_open = (self.above, True) if self.above is not None else (self.at_least, False)
+        hi, hi_open = (self.below, True) if self.below is not None else (self.at_most, False)
+        noun = "an integer" if integer else "a number"
+        if lo is not None and hi is not None:
+            where = f"in {'(' if lo_open else '['}{lo}, {hi}{')' if hi_open else ']'}"
+            return f"{noun} {where}" if integer else where
+        if lo is not None:
+            if (lo_open and lo == 0) or (integer and not lo_open and lo == 1):
+                return "a positive integer" if integer else "positive"
+            return f"{noun} {'>' if lo_open else '>='} {lo}"
+        if hi is not None:
+            return f"{noun} {'<' if hi_open else '<='} {hi}"
+        return noun
+
+    def problem(self, kind: str, value: Any) -> str | None:
+        """Why ``value`` is not valid for a setting of type ``kind`` (its annotation without
+        ``| None``); ``None`` if it is valid."""
+        is_int = isinstance(value, int) and not isinstance(value, bool)
+        if kind == "bool":
+            return None if isinstance(value, bool) else "true or false"
+        if kind == "str" or (kind == "int | str" and isinstance(value, str)):
+            if not isinstance(value, str):
+                return "text"
+            if "\0" in value:
+                return "text without NUL characters"
+            allowed = [c for c in self.choices if isinstance(c, str)]
+            return None if not allowed or value in allowed else self.describe(kind)
+        if kind in ("int", "int | str") and not is_int:
+            return self.describe(kind) if kind == "int | str" else "an integer"
+        if kind == "float":
+            if not (is_int or isinstance(value, float)):
+                return "a number"
+            if not math.isfinite(value):  # nan passes every comparison below
+                return "a finite number"
+        if kind == "int" and self.choices:
+            return None if value in self.choices else self.describe(kind)
+        if ((self.above is not None and not value > self.above)
+                or (self.at_least is not None and not value >= self.at_least)
+                or (self.below is not None and not value < self.below)
+                or (self.at_most is not None and not value <= self.at_most)):
+            return self.describe(kind)
+        if is_int and not -MAX_INT - 1 <= value <= MAX_INT:
+            return f"at most {MAX_INT} (a 64-bit integer)"
+        return None
+
+
+def setting(default: Any, group: str, help: str, *, choices: tuple = (), above: float | None = None,
+            at_least: float | None = None, below: float | None = None, at_most: float | None = None) -> Any:
+    """A ``TrainConfig`` field with its ``--help`` text, its section (one of ``GROUPS``) and the
+    values it accepts (a :class:`Rule`: :func:`validate` checks them, for flags, TOML files,
+    recipes and the Python API alike)."""
     if group not in GROUPS:
         raise ValueError(f"unknown help group '{group}' (known: {', '.join(GROUPS)})")
-    return dataclasses.field(default=default, metadata={"group": group, "help": help})
+    rule = Rule(tuple(choices), above, at_least, below, at_most)
+    return dataclasses.field(default=default, metadata={"group": group, "help": help, "rule": rule})
 
 
 @dataclass(frozen=True)
@@ -52,84 +139,98 @@ class TrainConfig:
         None, "data", "a known dataset name: mnist, fashion-mnist, kmnist, cifar10")
     run_dir: str | None = setting(
         None, "run", "where to write the run (default: runs/<recipe or model>-<time>)")
-    epochs: float = setting(1.0, "optimization", "epochs to train (fractions allowed)")
-    max_steps: int | None = setting(None, "optimization", "stop after this many steps")
+    epochs: float = setting(1.0, "optimization", "epochs to train (fractions allowed)", above=0)
+    max_steps: int | None = setting(None, "optimization", "stop after this many steps", at_least=1)
     target_acc: float | None = setting(
-        None, "optimization", "stop once this accuracy (e.g. 0.99) is reached; reports the time to it")
-    target_split: str = setting("val", "optimization", "split the target is measured on: val or test")
+        None, "optimization", "stop once this accuracy (e.g. 0.99) is reached; reports the time to it",
+        above=0, at_most=1)
+    target_split: str = setting("val", "optimization", "split the target is measured on: val or test",
+                                choices=("val", "test"))
     batch_size: int | str = setting(
         128, "optimization", "per process; under torchrun the global batch is this x processes; "
-                             "auto: the fastest (CPU) or the largest that fits (GPU)")
+                             "auto: the fastest (CPU) or the largest that fits (GPU)",
+        choices=("auto",), at_least=1)
     optimizer: str = setting(
         "adam", "optimization", "sgd, momentum, adadelta, adagrad, adam, adamw, rmsprop, muon "
                                 "(orthogonalized updates for the hidden weight matrices, Nesterov "
                                 "SGD for the rest)")
     lr: float = setting(1e-3, "optimization", "learning rate (under --optimizer muon: of all but "
-                                              "the hidden weight matrices)")
+                                              "the hidden weight matrices)", above=0)
     momentum: float = setting(0.9, "optimization", "momentum of --optimizer momentum, and of the "
-                                                   "SGD part of muon")
+                                                   "SGD part of muon", at_least=0, below=1)
     nesterov: bool = setting(False, "optimization", "Nesterov momentum (--optimizer momentum, muon)")
-    weight_decay: float = setting(0.0, "optimization", "weight decay (L2 penalty; decoupled for adamw)")
+    weight_decay: float = setting(0.0, "optimization", "weight decay (L2 penalty; decoupled for adamw)",
+                                  at_least=0)
     muon_lr: float = setting(
-        0.1, "optimization", "--optimizer muon: learning rate of the hidden weight matrices (--lr: the rest)")
+        0.1, "optimization", "--optimizer muon: learning rate of the hidden weight matrices (--lr: the rest)",
+        above=0)
     muon_momentum: float = setting(
-        0.8, "optimization", "--optimizer muon: momentum of the hidden weight matrices")
+        0.8, "optimization", "--optimizer muon: momentum of the hidden weight matrices", at_least=0, below=1)
     schedule: str = setting("constant", "optimization", "constant, step, cosine, onecycle, linear")
     warmup: float = setting(
-        0.0, "optimization", "linear warm-up: fraction of all steps (<1) or a number of steps")
-    step_every: float = setting(1.0, "optimization", "--schedule step: epochs between decays")
-    step_gamma: float = setting(0.7, "optimization", "--schedule step: the factor of each decay")
-    label_smoothing: float = setting(0.0, "optimization", "label smoothing of the cross-entropy, in [0, 1)")
+        0.0, "optimization", "linear warm-up: fraction of all steps (<1) or a number of steps", at_least=0)
+    step_every: float = setting(1.0, "optimization", "--schedule step: epochs between decays", above=0)
+    step_gamma: float = setting(0.7, "optimization", "--schedule step: the factor of each decay", above=0)
+    label_smoothing: float = setting(0.0, "optimization", "label smoothing of the cross-entropy, in [0, 1)",
+                                     at_least=0, below=1)
     augment: bool = setting(
         False, "data", "augment the training batches on the device (digits: small shifts and "
                        "rotations; colour images: padded crops and flips)")
     train_on: str = setting(
-        "train", "data", "train, or train+val: every labelled image (no validation passes then)")
+        "train", "data", "train, or train+val: every labelled image (no validation passes then)",
+        choices=TRAIN_ON)
     tta: int = setting(
         0, "logging", "test-time augmentation: also average the predictions for N images shifted "
-                      "by one pixel (2: left/right, 4: + up/down, 8: + diagonals) in evaluations")
+                      "by one pixel (2: left/right, 4: + up/down, 8: + diagonals) in evaluations",
+        choices=TTA_VIEWS)
     whiten: bool = setting(
         False, "model", "initialise the first convolution to whiten its input patches "
                         "(from 1,000 training images)")
     drop_last: bool = setting(
         False, "data", "drop the short last batch of each epoch (stable shapes) instead of training on it")
-    seed: int = setting(0, "optimization", "seed of the initialisation, the data order and the augmentation")
+    seed: int = setting(0, "optimization", "seed of the initialisation, the data order and the augmentation",
+                        at_least=0, at_most=MAX_SEED)
     precision: str = setting(
-        "auto", "precision/devices", "fp32, bf16, fp16 (CUDA) or auto (bf16 where the hardware is fast at it)")
+        "auto", "precision/devices", "fp32, bf16, fp16 (CUDA) or auto (bf16 where the hardware is fast at it)",
+        choices=("auto", "fp32", "bf16", "fp16"))
     channels_last: bool = setting(
         False, "precision/devices", "channels-last memory layout for the model and its batches")
     device: str = setting(
         "auto", "precision/devices", "auto, cpu, cuda, cuda:N (among CUDA_VISIBLE_DEVICES) or mps")
     threads: int | None = setting(
         None, "precision/devices", "intra-op CPU threads (default: $MNISTFLOW_THREADS, else the usable "
-                                   "cores other processes leave free, shared among the processes per machine)")
+                                   "cores other processes leave free, shared among the processes per machine)",
+        at_least=1, at_most=MAX_THREADS)
     interop_threads: int | None = setting(
-        None, "precision/devices", "PyTorch's inter-op threads (default: PyTorch's, the number of cores)")
+        None, "precision/devices", "PyTorch's inter-op threads (default: PyTorch's, the number of cores)",
+        at_least=1, at_most=MAX_THREADS)
     gpu_memory_fraction: float | None = setting(
-        None, "precision/devices", "cap this process's share of its GPU's memory, 0 < F <= 1 (CUDA only)")
+        None, "precision/devices", "cap this process's share of its GPU's memory, 0 < F <= 1 (CUDA only)",
+        above=0, at_most=1)
     sync_bn: bool = setting(
         False, "precision/devices", "under torchrun on GPUs: batch norm statistics over the global batch")
     compile: bool = setting(False, "precision/devices", "compile the model with torch.compile")
-    log_every: int = setting(100, "logging", "steps between progress lines (and device syncs)")
+    log_every: int = setting(100, "logging", "steps between progress lines (and device syncs)", at_least=1)
     eval_every: int | None = setting(
-        None, "logging", "steps between validation passes (default: every epoch)")
+        None, "logging", "steps between validation passes (default: every epoch)", at_least=1)
     # larger evaluation batches fall out of the CPU caches: 2.5x slower at 2000
-    eval_batch_size: int = setting(500, "logging", "batch size of the evaluation passes")
+    eval_batch_size: int = setting(500, "logging", "batch size of the evaluation passes", at_least=1)
     validate: bool = setting(
         True, "logging", "evaluate the validation split at each epoch end (or every --eval-every steps)")
     profile_steps: str | None = setting(
         None, "logging", "A:B profiles optimizer steps A..B: Chrome trace, op tables, step breakdown")
     resident: str = setting(
-        "auto", "data", "keep the data on the device: auto (when it fits), yes, or no (stream it from disk)")
+        "auto", "data", "keep the data on the device: auto (when it fits), yes, or no (stream it from disk)",
+        choices=("auto", "yes", "no"))
     memory_cap_mb: float | None = setting(
         None, "precision/devices", "refuse settings estimated to need more memory than this "
-                                   "(default: what is free)")
+                                   "(default: what is free)", above=0)
     checkpoint_every: int | None = setting(
         None, "checkpoints", f"steps between checkpoints (RUN/{rundir.CHECKPOINTS}; also at the end "
-                             "and on a new best)")
-    checkpoint_secs: float | None = setting(600.0, "checkpoints", "seconds between checkpoints")
+                             "and on a new best)", at_least=1)
+    checkpoint_secs: float | None = setting(600.0, "checkpoints", "seconds between checkpoints", above=0)
     keep_checkpoints: int = setting(
-        3, "checkpoints", "checkpoints to keep (plus the best); 0 turns checkpoints off")
+        3, "checkpoints", "checkpoints to keep (plus the best); 0 turns checkpoints off", at_least=0)
     # an action, not a setting: never saved in config.toml
     resume: str | None = setting(
         None, "checkpoints", "continue from the latest checkpoint of --run-dir, or from PATH "
@@ -143,18 +244,38 @@ class TrainConfig:
     quiet: bool = setting(False, "logging", "no progress lines on the console")
 
 
-TRAIN_ON = ("train", "train+val")
-TTA_VIEWS = (0, 2, 4, 8)  # extra views: left/right, + up/down, + the diagonals
+def flag(name: str) -> str:
+    """The command-line flag of field ``name``: ``batch_size`` -> ``--batch-size``."""
+    return "--" + name.replace("_", "-")
+
+
+_FIELDS: dict[str, dataclasses.Field] = {f.name: f for f in fields(TrainConfig)}
+
+
+def _show(value: Any) -> str:
+    text = repr(value)  # one line whatever the value holds (newlines are escaped)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def check_value(name: str, value: Any, label: str | None = None) -> None:
+    """Check one value of setting ``name`` against its type and its :class:`Rule`; an error
+    names it as ``label`` (default: its flag, ``--name``)."""
+    f = _FIELDS[name]
+    kind = f.type.removesuffix(" | None")
+    if value is None and f.type.endswith(" | None"):
+        return
+    problem = f.metadata["rule"].problem(kind, value)
+    if problem:
+        raise MnistflowError(f"{label or flag(name)} must be {problem}, got {_show(value)}")
 
 
 def check_tta(views: int) -> None:
     """``--tta`` of ``train`` and ``eval``: one of ``TTA_VIEWS``."""
-    if views not in TTA_VIEWS:
-        raise MnistflowError(f"--tta must be one of {', '.join(map(str, TTA_VIEWS))}; got {views}")
+    check_value("tta", views)
 
 
 def field_names() -> set[str]:
-    return {f.name for f in fields(TrainConfig)}
+    return set(_FIELDS)
 
 
 def _check_keys(d: dict, where: str) -> None:
@@ -163,19 +284,43 @@ def _check_keys(d: dict, where: str) -> None:
         raise MnistflowError(f"unknown configuration key(s): {', '.join(unknown)}", where)
 
 
-def load_toml(path: str | Path) -> dict:
-    """Flat ``key = value`` pairs from a TOML file; unknown keys are errors."""
-    import tomllib
+def _tomllib():
+    """The standard library's TOML reader (3.11+), or the same reader as ``tomli`` before (a
+    dependency on 3.10). Imported when used: ``train --help`` does not need it."""
+    if sys.version_info >= (3, 11):
+        import tomllib  # novermin  (guarded: vermin sees version guards at module level only)
+    else:
+        import tomli as tomllib
+    return tomllib
 
+
+def load_toml(path: str | Path) -> dict:
+    """Flat ``key = value`` pairs from a TOML file (UTF-8, at most ``MAX_TOML_BYTES``); unknown
+    keys and values of the wrong type or out of range are errors naming the file and the key."""
+    tomllib = _tomllib()
     p = Path(path)
     try:
-        d = tomllib.loads(p.read_text())
+        with open(p, "rb") as fh:  # bounded: --config /dev/zero is not read to the end
+            data = fh.read(MAX_TOML_BYTES + 1)
     except OSError as e:
         raise MnistflowError(f"cannot read: {e.strerror}", p) from None
-    except tomllib.TOMLDecodeError as e:
-        raise MnistflowError(f"not valid TOML ({e})", p) from None
+    if len(data) > MAX_TOML_BYTES:
+        raise MnistflowError(f"larger than {MAX_TOML_BYTES >> 20} MiB: not a configuration file", p)
+    try:
+        d = tomllib.loads(data.decode("utf-8-sig"))  # a BOM, as some editors write, is no error
+    except UnicodeDecodeError as e:
+        raise MnistflowError(f"not UTF-8 text (byte {e.start})", p) from None
+    except RecursionError:
+        raise MnistflowError("not valid TOML (nested too deeply)", p) from None
+    except ValueError as e:  # TOMLDecodeError, and an integer of more than 4300 digits
+        raise MnistflowError(f"not valid TOML ({str(e).splitlines()[0]})", p) from None
     d.pop("version", None)  # written by save_toml for the reader's benefit
     _check_keys(d, str(p))
+    for key, value in d.items():
+        try:
+            check_value(key, value, label=key)
+        except MnistflowError as e:
+            raise MnistflowError(e.detail, p) from None
     return d
 
 
@@ -192,55 +337,23 @@ def resolve(recipe: dict | None = None, file: dict | None = None, flags: dict | 
 
 
 def validate(cfg: TrainConfig) -> None:
-    """Impossible settings fail before any work starts."""
-    if cfg.lr <= 0:
-        raise MnistflowError(f"--lr must be positive, got {cfg.lr}")
-    if cfg.muon_lr <= 0:
-        raise MnistflowError(f"--muon-lr must be positive, got {cfg.muon_lr}")
-    if not 0 <= cfg.muon_momentum < 1:
-        raise MnistflowError(f"--muon-momentum must be in [0, 1), got {cfg.muon_momentum}")
-    if cfg.batch_size != "auto" and (not isinstance(cfg.batch_size, int) or cfg.batch_size <= 0):
-        raise MnistflowError(f"--batch-size must be a positive integer or auto, got {cfg.batch_size}")
-    if cfg.epochs <= 0:
-        raise MnistflowError(f"--epochs must be positive, got {cfg.epochs}")
-    if cfg.max_steps is not None and cfg.max_steps <= 0:
-        raise MnistflowError(f"--max-steps must be positive, got {cfg.max_steps}")
-    if cfg.target_acc is not None and not 0 < cfg.target_acc <= 1:
-        raise MnistflowError(f"--target-acc must be in (0, 1], got {cfg.target_acc}")
-    if cfg.target_split not in ("val", "test"):
-        raise MnistflowError(f"--target-split must be val or test, got '{cfg.target_split}'")
-    if cfg.precision not in ("auto", "fp32", "bf16", "fp16"):
-        raise MnistflowError(f"--precision must be one of auto, fp32, bf16, fp16; got '{cfg.precision}'")
-    if not 0 <= cfg.label_smoothing < 1:
-        raise MnistflowError(f"--label-smoothing must be in [0, 1), got {cfg.label_smoothing}")
-    if cfg.train_on not in TRAIN_ON:
-        raise MnistflowError(f"--train-on must be one of {', '.join(TRAIN_ON)}; got '{cfg.train_on}'")
+    """Impossible settings fail before any work starts: every field against its own rule (type,
+    finite, range, choices; see :func:`setting`), then what involves several fields, the model
+    registry, the optimizers and the environment variables that stand in for settings."""
+    for f in fields(cfg):
+        check_value(f.name, getattr(cfg, f.name))
     if cfg.train_on == "train+val" and cfg.target_acc is not None and cfg.target_split == "val":
         raise MnistflowError("--target-acc is measured on the validation split, which --train-on "
                              "train+val trains on: add --target-split test")
-    check_tta(cfg.tta)
-    if cfg.resident not in ("auto", "yes", "no"):
-        raise MnistflowError(f"--resident must be auto, yes or no; got '{cfg.resident}'")
+    if cfg.nesterov and cfg.optimizer == "momentum" and cfg.momentum == 0:
+        raise MnistflowError("--nesterov needs a --momentum above 0")
     if cfg.profile_steps is not None:
         from mnistflow.training.observe.profiler import parse_steps
 
         parse_steps(cfg.profile_steps)
-    if cfg.log_every <= 0:
-        raise MnistflowError(f"--log-every must be positive, got {cfg.log_every}")
-    if cfg.checkpoint_every is not None and cfg.checkpoint_every <= 0:
-        raise MnistflowError(f"--checkpoint-every must be positive, got {cfg.checkpoint_every}")
-    if cfg.checkpoint_secs is not None and cfg.checkpoint_secs <= 0:
-        raise MnistflowError(f"--checkpoint-secs must be positive, got {cfg.checkpoint_secs}")
-    if cfg.keep_checkpoints < 0:
-        raise MnistflowError(f"--keep-checkpoints must be 0 or more, got {cfg.keep_checkpoints}")
-    if cfg.threads is not None and cfg.threads <= 0:
-        raise MnistflowError(f"--threads must be positive, got {cfg.threads}")
-    if cfg.interop_threads is not None and cfg.interop_threads <= 0:
-        raise MnistflowError(f"--interop-threads must be positive, got {cfg.interop_threads}")
-    if cfg.gpu_memory_fraction is not None and not 0 < cfg.gpu_memory_fraction <= 1:
-        raise MnistflowError(f"--gpu-memory-fraction must be in (0, 1], got {cfg.gpu_memory_fraction}")
     from mnistflow.models import get_entry
     from mnistflow.models.spec import looks_like_spec
+    from mnistflow.runtime.cpu import check_environment
     from mnistflow.training.optim import OPTIMIZERS, SCHEDULES
 
     if not looks_like_spec(cfg.model):
@@ -250,6 +363,7 @@ def validate(cfg: TrainConfig) -> None:
         raise MnistflowError(f"unknown optimizer '{cfg.optimizer}' (known: {', '.join(OPTIMIZERS)})")
     if cfg.schedule not in SCHEDULES:
         raise MnistflowError(f"unknown schedule '{cfg.schedule}' (known: {', '.join(SCHEDULES)})")
+    check_environment()  # $MNISTFLOW_THREADS and the like: the defaults of settings
 
 
 def to_dict(cfg: TrainConfig) -> dict:

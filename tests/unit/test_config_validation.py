@@ -1,0 +1,233 @@
+"""Every value a user hands ``train`` (a flag, a TOML file, the Python API, an environment
+variable) is checked before any work starts, against the rule declared on its TrainConfig field
+(HOSTILE-INPUTS.md D12): one line ``mnistflow: error: <what>: <why>``, exit 2, never a traceback."""
+from __future__ import annotations
+
+from dataclasses import fields
+
+import pytest
+
+import mnistflow.models  # noqa: F401  (resolve checks model names: torch is imported at collection)
+from mnistflow import cli
+from mnistflow.core.errors import MnistflowError
+from mnistflow.runtime import cpu
+from mnistflow.training import config as configmod
+from mnistflow.training.config import TrainConfig, check_value, load_toml, resolve
+from mnistflow.training.recipes import RECIPES
+
+
+def one_line_error(capsys) -> str:
+    """The stderr of a failed ``cli.main``: exactly one line, the error contract's."""
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("mnistflow: error: "), lines[0]
+    return lines[0]
+
+
+# --- the rules live on the fields ----------------------------------------------------------
+
+def test_every_numeric_setting_declares_what_it_accepts():
+    """A new int/float setting without a range would take nan, -1 or 2**70 silently."""
+    for f in fields(TrainConfig):
+        kind = f.type.removesuffix(" | None")
+        rule = f.metadata["rule"]
+        if kind in ("int", "float", "int | str"):
+            bounded = rule.choices or rule.above is not None or rule.at_least is not None
+            assert bounded, f"{f.name}: declare its range (setting(..., above=/at_least=/choices=))"
+
+
+def test_defaults_and_recipes_pass_their_own_rules():
+    for f in fields(TrainConfig):
+        check_value(f.name, f.default)
+    for name, recipe in RECIPES.items():
+        for key, value in recipe.items():
+            check_value(key, value, label=f"{name}: {key}")
+
+
+def test_the_thread_caps_agree():
+    # config.py cannot import runtime.cpu (torch) to share the constant: they are kept equal here
+    assert configmod.MAX_THREADS == cpu.MAX_THREADS
+
+
+# --- flags and the Python API (HOSTILE-INPUTS D12 and its minor findings) -------------------
+
+@pytest.mark.parametrize("settings, message", [
+    ({"epochs": float("nan")}, "--epochs must be a finite number, got nan"),
+    ({"epochs": float("inf")}, "--epochs must be a finite number, got inf"),
+    ({"epochs": "2"}, "--epochs must be a number, got '2'"),
+    ({"warmup": float("nan")}, "--warmup must be a finite number, got nan"),
+    ({"warmup": -5.0}, "--warmup must be a number >= 0, got -5.0"),
+    ({"weight_decay": -1.0}, "--weight-decay must be a number >= 0, got -1.0"),
+    ({"seed": 2**70}, "--seed must be an integer in [0, 4294967295], got 1180591620717411303424"),
+    ({"seed": -1}, "--seed must be an integer in [0, 4294967295], got -1"),
+    ({"momentum": float("nan")}, "--momentum must be a finite number, got nan"),  # not blamed on --lr
+    ({"momentum": 1.0}, "--momentum must be in [0, 1), got 1.0"),
+    ({"eval_every": 0}, "--eval-every must be a positive integer, got 0"),
+    ({"eval_every": -2}, "--eval-every must be a positive integer, got -2"),
+    ({"step_every": 0.0}, "--step-every must be positive, got 0.0"),
+    ({"step_gamma": 0.0}, "--step-gamma must be positive, got 0.0"),
+    ({"checkpoint_secs": float("nan")}, "--checkpoint-secs must be a finite number, got nan"),
+    ({"threads": 2000}, "--threads must be an integer in [1, 1024], got 2000"),
+    ({"threads": 0}, "--threads must be an integer in [1, 1024], got 0"),
+    ({"interop_threads": -1}, "--interop-threads must be an integer in [1, 1024], got -1"),
+    ({"max_steps": 2**70}, "--max-steps must be at most 9223372036854775807"),
+    ({"batch_size": True}, "--batch-size must be a positive integer or auto, got True"),
+    ({"batch_size": 2.5}, "--batch-size must be a positive integer or auto, got 2.5"),
+    ({"memory_cap_mb": float("inf")}, "--memory-cap-mb must be a finite number, got inf"),
+    ({"lr": float("nan")}, "--lr must be a finite number, got nan"),
+    ({"lr": 0.0}, "--lr must be positive, got 0.0"),
+    ({"label_smoothing": 1.0}, "--label-smoothing must be in [0, 1), got 1.0"),
+    ({"augment": "false"}, "--augment must be true or false, got 'false'"),
+    ({"precision": "fp8"}, "--precision must be one of auto, fp32, bf16, fp16, got 'fp8'"),
+    ({"run_dir": "runs/a\0b"}, "--run-dir must be text without NUL characters"),
+    ({"model": 3}, "--model must be text, got 3"),
+])
+def test_impossible_values_are_one_clear_error(settings, message):
+    with pytest.raises(MnistflowError) as e:
+        resolve(flags=settings)
+    assert message in str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_a_huge_value_is_shown_shortened_on_one_line():
+    with pytest.raises(MnistflowError) as e:
+        resolve(flags={"precision": "x" * 10_000 + "\n"})
+    assert len(str(e.value)) < 200 and "\n" not in str(e.value)
+
+
+# --- TOML files -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("line, message", [
+    ('epochs = "abc"', "epochs must be a number, got 'abc'"),
+    ('lr = "0.1"', "lr must be a number, got '0.1'"),
+    ("lr = {a = 1}", "lr must be a number, got {'a': 1}"),
+    ("epochs = nan", "epochs must be a finite number, got nan"),
+    ("batch_size = 1.5", "batch_size must be a positive integer or auto, got 1.5"),
+    ('batch_size = "big"', "batch_size must be a positive integer or auto, got 'big'"),
+    ('augment = "false"', "augment must be true or false, got 'false'"),
+    ("validate = 1", "validate must be true or false, got 1"),
+    ('tta = "8"', "tta must be an integer, got '8'"),
+    ("tta = 3", "tta must be one of 0, 2, 4, 8, got 3"),
+    ("seed = 1.0", "seed must be an integer, got 1.0"),
+    ("threads = true", "threads must be an integer, got True"),
+    ("model = 3", "model must be text, got 3"),
+    ('data = ["a", "b"]', "data must be text, got ['a', 'b']"),
+    ("precision = 1979-05-27", "precision must be text, got datetime.date(1979, 5, 27)"),
+    ('run_dir = "a\\u0000b"', "run_dir must be text without NUL characters, got 'a\\x00b'"),
+    ("keep_checkpoints = -1", "keep_checkpoints must be an integer >= 0, got -1"),
+])
+def test_toml_values_of_the_wrong_type_or_range_name_the_file_and_key(tmp_path, line, message):
+    path = tmp_path / "c.toml"
+    path.write_text(f'recipe = "softmax"\n{line}\n')
+    with pytest.raises(MnistflowError) as e:
+        load_toml(path)
+    assert str(e.value) == f"{path}: {message}"
+
+
+@pytest.mark.parametrize("content, message", [
+    (b'recipe = "softmax"\nepochs = 1\n\xff\xfe\n', "not UTF-8 text (byte 30)"),
+    (b"seed = " + b"9" * 5000, "not valid TOML (Exceeds the limit (4300 digits)"),
+    (b"x = " + b"[" * 100_000, "not valid TOML"),
+    (b"# " + b"x" * (2 << 20), "larger than 1 MiB: not a configuration file"),
+])
+def test_a_file_that_is_not_a_configuration_is_one_error(tmp_path, content, message):
+    path = tmp_path / "c.toml"
+    path.write_bytes(content)
+    with pytest.raises(MnistflowError, match=r"c\.toml: ") as e:
+        load_toml(path)
+    assert message in str(e.value)
+    with pytest.raises(MnistflowError, match="cannot read"):
+        load_toml(tmp_path)  # a directory
+
+
+# --- environment variables ------------------------------------------------------------------
+
+@pytest.mark.parametrize("name, value, message", [
+    ("MNISTFLOW_THREADS", "abc", "MNISTFLOW_THREADS must be an integer from 1 to 1024 (or unset), got 'abc'"),
+    ("MNISTFLOW_THREADS", "-3", "MNISTFLOW_THREADS must be an integer from 1 to 1024 (or unset), got '-3'"),
+    ("MNISTFLOW_THREADS", "0", "MNISTFLOW_THREADS must be an integer from 1 to 1024"),
+    ("MNISTFLOW_THREADS", "1e3", "MNISTFLOW_THREADS must be an integer from 1 to 1024"),
+    ("LOCAL_WORLD_SIZE", "two", "LOCAL_WORLD_SIZE must be an integer"),
+    ("MNISTFLOW_MALLOC", "off", "MNISTFLOW_MALLOC must be default (or unset), got 'off'"),
+    ("MNISTFLOW_DENORMALS", "flush", "MNISTFLOW_DENORMALS must be keep (or unset), got 'flush'"),
+])
+def test_bad_environment_values_fail_when_the_config_is_resolved(monkeypatch, name, value, message):
+    monkeypatch.setenv(name, value)
+    with pytest.raises(MnistflowError) as e:
+        resolve(flags={"model": "softmax"})
+    assert message in str(e.value)
+
+
+def test_environment_values_that_mean_the_default(monkeypatch):
+    for value in ("", "  "):  # set but empty: as unset
+        monkeypatch.setenv("MNISTFLOW_THREADS", value)
+        assert cpu.env_threads() is None
+    monkeypatch.setenv("MNISTFLOW_THREADS", " 3 ")
+    assert cpu.default_threads() == 3
+    monkeypatch.delenv("MNISTFLOW_THREADS")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    assert cpu.default_threads() == max(1, cpu.usable_cores() // 2)
+
+
+def test_more_threads_than_cores_is_allowed_with_a_warning(monkeypatch, caplog):
+    set_to = []
+    monkeypatch.setattr(cpu.torch, "set_num_threads", set_to.append)  # nothing really changes
+    monkeypatch.setattr(cpu, "usable_cores", lambda: 2)
+    assert cpu.set_threads(1000) == 1000
+    assert set_to == [1000]
+    assert "1000 threads on 2 usable core(s)" in caplog.text
+    caplog.clear()
+    cpu.set_threads(2)
+    assert "usable core" not in caplog.text
+
+
+# --- the command line, in-process -----------------------------------------------------------
+
+@pytest.mark.parametrize("argv, fragment", [
+    (["models", "--channels", "-1"], "argument --channels: expected an integer from 1 to 1024, got '-1'"),
+    (["models", "--classes", "0"], "argument --classes: expected an integer from 1 to 100000, got '0'"),
+    (["models", "--input", "0x28"], "argument --input: expected HxW like 28x28 (sides 1 to 4096)"),
+    (["summary", "seed-cnn", "--input", "100000x100000"], "argument --input: expected HxW"),
+    (["summary", "seed-cnn", "--channels", "0"], "argument --channels: expected an integer from 1"),
+    (["prep", "--val-size", "-1"], "argument --val-size: expected an integer >= 0, got '-1'"),
+    (["prep", "--seed", "-1"], "argument --seed: expected an integer from 0 to 4294967295, got '-1'"),
+    (["prep", "--variants", "nan"], "argument --variants: expected an integer >= 0, got 'nan'"),
+    (["eval", "run", "--batch-size", "0"], "argument --batch-size: expected an integer >= 1, got '0'"),
+    (["train", "--nproc", "0"], "argument --nproc: expected an integer from 1 to 1024, got '0'"),
+    (["train", "--seed", "1.5"], "argument --seed: invalid int value: '1.5'"),
+])
+def test_flags_out_of_range_are_refused_by_the_parser(capsys, argv, fragment):
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(argv)
+    assert exit_.value.code == 2
+    assert fragment in one_line_error(capsys)
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    (["train", "--recipe", "softmax", "--epochs", "nan"], "--epochs must be a finite number, got nan"),
+    (["train", "--recipe", "softmax", "--weight-decay", "-1"], "--weight-decay must be a number >= 0"),
+    (["profile", "--profile-steps", "abc"], "--profile-steps must be A:B with 0 <= A < B, got 'abc'"),
+    (["profile", "--profile-steps", "5"], "--profile-steps must be A:B"),
+])
+def test_train_settings_fail_before_any_work(tmp_path, capsys, argv, fragment):
+    run = tmp_path / "run"
+    assert cli.main([*argv, "--run-dir", str(run)]) == 2
+    assert fragment in one_line_error(capsys)
+    assert not run.exists()
+
+
+def test_nproc_checks_the_settings_before_starting_processes(monkeypatch, tmp_path, capsys):
+    from mnistflow.runtime import dist
+
+    started = []
+    monkeypatch.setattr(dist, "launch_local", lambda *a: started.append(a) or 0)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    argv = ["train", "--nproc", "2", "--recipe", "softmax", "--epochs", "nan", "--run-dir", str(tmp_path / "r")]
+    assert cli.main(argv) == 2
+    assert "--epochs must be a finite number" in one_line_error(capsys)
+    assert started == []  # one error here, not one from each of N processes
+
+
+def test_models_counts_the_usual_inputs_on_the_cpu():
+    # (inputs above cli.META_ABOVE go to the meta device: tests/integration/test_hostile_cli.py)
+    assert cli._parameters("seed-cnn", (1, 28, 28), 10) == 3_274_634  # as `mnistflow models` shows
