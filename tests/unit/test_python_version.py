@@ -8,7 +8,7 @@ from pathlib import Path
 
 import vermin
 
-from mnistflow.training.config import _tomllib
+from mnistflow.core.compat import tomllib
 
 REPO = Path(__file__).resolve().parents[2]
 PACKAGE = REPO / "src" / "mnistflow"
@@ -16,7 +16,7 @@ PACKAGE = REPO / "src" / "mnistflow"
 
 def declared_minimum() -> tuple[int, int]:
     with open(REPO / "pyproject.toml", "rb") as f:
-        spec = _tomllib().load(f)["project"]["requires-python"]
+        spec = tomllib().load(f)["project"]["requires-python"]
     m = re.fullmatch(r">=\s*(\d+)\.(\d+)", spec.strip())
     assert m, f"requires-python {spec!r}: expected '>=X.Y'"
     return int(m[1]), int(m[2])

@@ -76,7 +76,7 @@ def keep_mask(x: torch.Tensor, p: float) -> torch.Tensor:
     if x.device.type != "cpu":
         return torch.rand_like(x) >= p
     n = x.numel()
-    byte = (p * 256).is_integer()
+    byte = float(p * 256).is_integer()
     per_draw = 4 if byte else 2
     draws = torch.empty((n + per_draw - 1) // per_draw, dtype=torch.int32, device=x.device)
     draws.random_(-2 ** 31, 2 ** 31)  # all 32 bits random (plain random_() leaves the top one 0)

@@ -3,13 +3,13 @@ run once over the test split of its records (``SplitPredictions``)."""
 from __future__ import annotations
 
 import json
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from mnistflow.artifacts.rundir import METRICS, SUMMARY, RunDir
+from mnistflow.core import compat
 from mnistflow.core.errors import MnistflowError
 
 
@@ -111,8 +111,8 @@ def load_run(run_dir: str | Path) -> RunLog:
     if run.config.is_file():
         text = run.config.read_text()
         try:
-            config = tomllib.loads(text)
-        except tomllib.TOMLDecodeError as e:
+            config = compat.tomllib().loads(text)
+        except compat.tomllib().TOMLDecodeError as e:
             raise MnistflowError(f"not valid TOML ({e})", run.config) from None
     return RunLog(run.path, kinds["train"], kinds["val"], kinds["test"], summary, config, text)
 

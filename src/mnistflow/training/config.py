@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import sys
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
 from mnistflow.artifacts import rundir
+from mnistflow.core import compat
 from mnistflow.core.errors import MnistflowError
 
 #: The sections of ``mnistflow train --help``, in order: name -> what they hold.
@@ -284,20 +284,10 @@ def _check_keys(d: dict, where: str) -> None:
         raise MnistflowError(f"unknown configuration key(s): {', '.join(unknown)}", where)
 
 
-def _tomllib():
-    """The standard library's TOML reader (3.11+), or the same reader as ``tomli`` before (a
-    dependency on 3.10). Imported when used: ``train --help`` does not need it."""
-    if sys.version_info >= (3, 11):
-        import tomllib  # novermin  (guarded: vermin sees version guards at module level only)
-    else:
-        import tomli as tomllib
-    return tomllib
-
-
 def load_toml(path: str | Path) -> dict:
     """Flat ``key = value`` pairs from a TOML file (UTF-8, at most ``MAX_TOML_BYTES``); unknown
     keys and values of the wrong type or out of range are errors naming the file and the key."""
-    tomllib = _tomllib()
+    tomllib = compat.tomllib()
     p = Path(path)
     try:
         with open(p, "rb") as fh:  # bounded: --config /dev/zero is not read to the end
