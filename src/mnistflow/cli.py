@@ -75,6 +75,9 @@ def _add_prep(sub) -> None:
     p.add_argument("--image-key", default="image", help="TFRecord image feature name")
     p.add_argument("--label-key", default="label", help="TFRecord label feature name")
     p.add_argument("--force", action="store_true", help="rebuild even if up to date")
+    p.add_argument("--max-pixels", type=_int_in(1, MAX_INT), default=None, metavar="N",
+                   help="largest picture decoded, in pixels, checked from its header before decoding "
+                        "(default 16,777,216 = 4096x4096)")
     p.set_defaults(func=_run_prep)
 
 
@@ -82,7 +85,8 @@ def _run_prep(a) -> int:
     from mnistflow.data.prepare import prepare
 
     prepare(a.dataset, a.data, a.out, val_size=a.val_size, seed=a.seed, variants=a.variants,
-            resize=a.resize, force=a.force, tfrecord_keys=(a.image_key, a.label_key))
+            resize=a.resize, force=a.force, tfrecord_keys=(a.image_key, a.label_key),
+            max_pixels=a.max_pixels)
     return 0
 
 
@@ -328,6 +332,9 @@ def _add_predict(sub) -> None:
     p.add_argument("--device", default="cpu")
     p.add_argument("--model", dest="model_name", help="the model name for an npz of parameters")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--max-pixels", type=_int_in(1, MAX_INT), default=None, metavar="N",
+                   help="largest picture decoded, in pixels, checked from its header before decoding "
+                        "(default 16,777,216 = 4096x4096)")
     p.set_defaults(func=_run_predict)
 
 
@@ -338,7 +345,7 @@ def _run_predict(a) -> int:
 
     invert = {"no": False, "yes": True, "auto": None}[a.invert]
     preds = predict(a.model, a.images, invert=invert, mnist_style=a.mnist_style, device=a.device,
-                    model_name=a.model_name)
+                    model_name=a.model_name, max_pixels=a.max_pixels)
     print(json.dumps(preds) if a.json else format_predictions(preds))
     return 0
 
@@ -349,16 +356,20 @@ def _add_serve(sub) -> None:
     p.add_argument("--host", default="127.0.0.1",
                    help="address to listen on (default 127.0.0.1: this machine only; others get a warning)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 picks a free one)")
-    p.add_argument("--workers", type=int, default=1, help="server processes, each with its own model")
-    p.add_argument("--threads", type=int, default=1, help="intra-op threads per request (default 1)")
+    p.add_argument("--workers", type=_int_in(1, 1024), default=1, help="server processes, each with its own model")
+    p.add_argument("--threads", type=_int_in(1, 1024), default=1, help="intra-op threads per request (default 1)")
     p.add_argument("--access-log", action="store_true", help="log every request")
+    p.add_argument("--max-pixels", type=_int_in(1, MAX_INT), default=None, metavar="N",
+                   help="largest image a request may send, in pixels, checked from its header before decoding "
+                        "(default 4,194,304 = 2048x2048; JPEGs decode at up to 1/8 scale first)")
     p.set_defaults(func=_run_serve)
 
 
 def _run_serve(a) -> int:
     from mnistflow.server import serve
 
-    serve(a.model, a.host, a.port, workers=a.workers, threads=a.threads, access_log=a.access_log)
+    serve(a.model, a.host, a.port, workers=a.workers, threads=a.threads, access_log=a.access_log,
+          max_pixels=a.max_pixels)
     return 0
 
 

@@ -21,7 +21,8 @@ from mnistflow.artifacts import checkpoint
 from mnistflow.training.config import TrainConfig
 from mnistflow.data.loader import epoch_order, make_loader
 from mnistflow.data.records import open_records
-from mnistflow.training.loop import _keep_global_batch, resume_differences, train
+from mnistflow.training.loop import train
+from mnistflow.training.resume import keep_global_batch, resume_differences
 
 # No batch norm, no dropout: one process and two are then equal up to float summation order.
 SPEC = "conv5x5x8-relu,maxpool2,fc10"
@@ -129,9 +130,9 @@ def test_resume_compares_the_global_batch():
     assert resume_differences(old, TrainConfig(model="mlp", batch_size=48), old_world=1, world=2) == [
         "global batch (batch_size x processes): 64 x 1 = 64 -> 48 x 2 = 96"]
     base = {"batch_size": 32}
-    _keep_global_batch(base, old_world=4, given=False)  # resumed by 1 process: 128
+    keep_global_batch(base, old_world=4, given=False)  # resumed by 1 process: 128
     assert base == {"batch_size": 128}
-    _keep_global_batch(base, old_world=4, given=True)
+    keep_global_batch(base, old_world=4, given=True)
     assert base == {"batch_size": 128}
 
 

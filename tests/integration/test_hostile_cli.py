@@ -55,3 +55,22 @@ def test_models_refuses_impossible_sizes_and_counts_huge_ones_without_allocating
     assert proc.returncode == 0, proc.stderr
     seed_cnn = next(line for line in proc.stdout.splitlines() if line.startswith("seed-cnn"))
     assert "68,719,540,106" in seed_cnn, seed_cnn
+
+
+def test_max_pixels_reaches_the_picture_readers(tmp_path):
+    """``--max-pixels`` is the CLI's handle on the pixel cap: a picture over it is one line."""
+    import numpy as np
+    from PIL import Image
+
+    for k in ("a", "b"):
+        (tmp_path / "pics" / k).mkdir(parents=True)
+        Image.fromarray(np.full((40, 40), 200, np.uint8)).save(tmp_path / "pics" / k / "0.png")
+    out = tmp_path / "rec"
+    proc = run_cli("prep", "--data", str(tmp_path / "pics"), "--out", str(out), "--val-size", "0",
+                   "--max-pixels", "1000")
+    assert_one_line_error(proc, "pixels")
+    assert not out.exists()
+    ok = run_cli("prep", "--data", str(tmp_path / "pics"), "--out", str(out), "--val-size", "0",
+                 "--max-pixels", "1600")
+    assert ok.returncode == 0, ok.stderr
+    assert_one_line_error(run_cli("serve", "x", "--max-pixels", "0"), "--max-pixels")

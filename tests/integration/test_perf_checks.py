@@ -9,7 +9,6 @@ import torch.nn as nn
 
 from helpers.cli import assert_one_line_error, run_cli
 from mnistflow.core.errors import MnistflowError
-from mnistflow.models import register_model
 from mnistflow.training.loop import train
 
 SMALL = dict(threads=1, tensorboard=False, quiet=True)
@@ -48,32 +47,23 @@ class KeepsItsOutputs(nn.Module):
         return out
 
 
-@register_model
-def planted_grows_in_forward(in_shape=(1, 28, 28), num_classes=10):
-    """Test-only: creates a layer inside forward."""
-    return GrowsInForward(in_shape, num_classes)
-
-
-@register_model
-def planted_keeps_outputs(in_shape=(1, 28, 28), num_classes=10):
-    """Test-only: keeps every output with its graph."""
-    return KeepsItsOutputs(in_shape, num_classes)
-
-
 def test_starvation_warns_with_numbers_and_healthy_run_is_silent(mnist_records, tmp_path, monkeypatch, capsys):
-    train(recipe="softmax", data=mnist_records, run_dir=tmp_path / "ok", max_steps=60, log_every=10, **SMALL)
-    assert "starvation" not in capsys.readouterr().err
+    s = train(recipe="softmax", data=mnist_records, run_dir=tmp_path / "ok", max_steps=60, log_every=10,
+              **{**SMALL, "quiet": False})
+    assert "starvation" not in capsys.readouterr().err and not s["warnings"]
     monkeypatch.setenv("MNISTFLOW_INJECT_DATA_DELAY", "0.01")  # a reader that sleeps 10 ms a batch
     s = train(recipe="softmax", data=mnist_records, run_dir=tmp_path / "slow", max_steps=60, log_every=10,
-              **SMALL)
+              **{**SMALL, "quiet": False})
     err = capsys.readouterr().err
-    assert "input starvation" in err and "% of step time waiting for data" in err
+    assert "mnistflow: warning: input starvation" in err and "% of step time waiting for data" in err
+    assert len(s["warnings"]) == 1 and s["warnings"][0].startswith("input starvation: ")  # recorded too
     assert s["data_wait_frac"] > 0.5
     recs = [json.loads(x) for x in (tmp_path / "slow" / "metrics.jsonl").read_text().splitlines()]
     assert all("queue_depth" in r and "data_wait_frac" in r for r in recs if r["kind"] == "train")
 
 
-def test_finalize_guard_names_the_layer_created_in_forward(mnist_records, tmp_path):
+def test_finalize_guard_names_the_layer_created_in_forward(mnist_records, tmp_path, plant_model):
+    plant_model("planted-grows-in-forward", GrowsInForward)
     with pytest.raises(MnistflowError, match=r"a Linear layer was created during training \(at .*test_perf_checks.py:\d+\)"):
         train(model="planted-grows-in-forward", data=mnist_records, run_dir=tmp_path / "r", max_steps=20,
               **SMALL)
@@ -89,14 +79,16 @@ def test_finalize_guard_names_the_layer_created_in_forward(mnist_records, tmp_pa
         g.on_step_end(7, None)
 
 
-def test_leak_is_reported_with_growth_per_step(mnist_records, tmp_path, capsys):
-    train(model="planted-keeps-outputs", data=mnist_records, run_dir=tmp_path / "leak", max_steps=48,
-          batch_size=32, log_every=4, precision="fp32", **SMALL)
-    err = capsys.readouterr().err
-    assert "memory grows every step" in err and "KB/step" in err
-    train(model="vgg-small", data=mnist_records, run_dir=tmp_path / "ok", max_steps=48, batch_size=32,
-          log_every=4, precision="fp32", **SMALL)
-    assert "memory grows" not in capsys.readouterr().err
+def test_leak_is_reported_with_growth_per_step(mnist_records, tmp_path, capsys, plant_model):
+    plant_model("planted-keeps-outputs", KeepsItsOutputs)
+    s = train(model="planted-keeps-outputs", data=mnist_records, run_dir=tmp_path / "leak", max_steps=48,
+              batch_size=32, log_every=4, precision="fp32", **SMALL)
+    leak = [w for w in s["warnings"] if "memory grows every step" in w]
+    assert len(leak) == 1 and "KB/step" in leak[0]
+    assert "memory grows" not in capsys.readouterr().err  # quiet: recorded, not printed
+    s = train(model="vgg-small", data=mnist_records, run_dir=tmp_path / "ok", max_steps=48, batch_size=32,
+              log_every=4, precision="fp32", **SMALL)
+    assert not [w for w in s["warnings"] if "memory grows" in w]
 
 
 def test_a_batch_too_large_for_the_memory_cap_is_refused_before_work(mnist_records, tmp_path):

@@ -47,18 +47,6 @@ def shifted(x: torch.Tensor, dy: int, dx: int) -> torch.Tensor:
     return out.contiguous(memory_format=fmt)
 
 
-def tta_logits(model, x: torch.Tensor, views: int) -> torch.Tensor:
-    """Log of the class probabilities averaged over ``x`` and ``views`` one-pixel shifts of it
-    (the first ``views`` of ``TTA_SHIFTS``): usable as logits for argmax and cross-entropy."""
-    logits = model(x)
-    if not views:
-        return logits
-    probs = logits.float().softmax(1)
-    for dy, dx in TTA_SHIFTS[:views]:
-        probs += model(shifted(x, dy, dx)).float().softmax(1)
-    return (probs / (views + 1)).log()
-
-
 def skip_batches(gen: torch.Generator, batches: int, batch_size: int, channels: int) -> None:
     """Advance ``gen`` past ``batches`` batches of ``augment_batch`` (a resume mid-epoch):
     the same draws, without the images."""

@@ -1,13 +1,22 @@
-"""When a run saves a checkpoint (the training policy; the file format and rotation live in
-``mnistflow.artifacts.checkpoint``)."""
+"""Saving checkpoints during training, and being interrupted: the mechanics.
+
+WHEN to save (every N steps or seconds, a new best, a signal) is decided in
+``training.loop``; the file format and rotation live in ``mnistflow.artifacts.checkpoint``.
+SIGINT/SIGTERM set a flag that the loop acts on at the end of the step (save, then stop with
+:class:`TrainingInterrupted`, exit 128 + signal); a second signal stops at once.
+"""
 from __future__ import annotations
 
+import signal
+import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 from mnistflow.artifacts.checkpoint import CheckpointDir
+from mnistflow.core.errors import display
 
 
 @dataclass
@@ -17,71 +26,91 @@ class Interrupt:
     signum: int = 0
 
 
-@dataclass
-class Checkpointer:
-    """Hook: save every ``every`` steps and/or ``secs`` seconds, after a new best evaluation,
-    and when interrupted. ``payload(state)`` builds the payload (the trainer knows its objects).
+class SignalHandlers:
+    """SIGINT/SIGTERM set ``interrupt.signum``; a second signal stops at once. Installed only in
+    the main thread, restored on exit."""
 
-    Steps that end an epoch are saved by ``on_epoch_end`` (after the epoch's evaluation and
-    bookkeeping), the last step by the trainer's final save, so every checkpoint is a point
-    where the loop can continue as if it had never stopped.
-    """
+    def __init__(self, interrupt: Interrupt, quiet: bool = False):
+        self.interrupt = interrupt
+        self.quiet = quiet
+        self.old: dict = {}
+
+    def _handle(self, signum, frame):
+        if self.interrupt.signum:
+            raise KeyboardInterrupt
+        self.interrupt.signum = signum
+        if not self.quiet:  # not a warning: said at once, from inside a signal handler
+            sys.stderr.write(f"mnistflow: {signal.Signals(signum).name}: saving a checkpoint at the end "
+                             "of this step, then stopping (again to stop at once)\n")
+            sys.stderr.flush()
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self.old[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc):
+        for sig, h in self.old.items():
+            signal.signal(sig, h)
+
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """SIGINT/SIGTERM during training: a checkpoint was saved; exit code 128 + signal."""
+
+    def __init__(self, signum: int, step: int, path: Path | None, run_dir: Path, rank: int = 0,
+                 world_size: int = 1):
+        self.signum, self.step, self.path, self.run_dir = signum, step, path, run_dir
+        self.exit_code = 128 + signum
+        name = signal.Signals(signum).name
+        if rank:
+            super().__init__(f"rank {rank}: interrupted by {name} at step {step}; rank 0 saved the checkpoint")
+            return
+        saved = f"checkpoint saved: {display(path)}" if path else "no checkpoint (checkpoints are off)"
+        again = f"mnistflow train --resume --run-dir {display(run_dir)}"
+        if world_size > 1:
+            again += f" --nproc {world_size} (or the same under torchrun)"
+        super().__init__(f"interrupted by {name} at step {step}; {saved}; continue with: {again}")
+
+
+@dataclass
+class Saver:
+    """Writes checkpoints into ``ckpts`` (rank 0); remembers what the save rules ask about:
+    the last evaluation on ``metric_split``, the time and step of the last save."""
 
     ckpts: CheckpointDir
-    payload: Callable[[object], dict]
-    steps_per_epoch: int
-    every: int | None = None
-    secs: float | None = None
+    payload: Callable[[], dict]  # everything to resume from, at this moment
     metric_split: str = "val"
-    interrupt: Interrupt = field(default_factory=Interrupt)
     last_path: Path | None = None
+    save_s: float = 0.0  # seconds spent writing checkpoints (kept out of training throughput)
     _eval: tuple[int, float] | None = None
     _t_last: float = field(default_factory=time.monotonic)
     _saved_step: int = -1
-    save_s: float = 0.0  # seconds spent writing checkpoints (kept out of training throughput)
 
-    def on_eval(self, step: int, logs: dict) -> None:
-        if logs.get("split") == self.metric_split:
-            self._eval = (step, float(logs["acc"]))
+    def note_eval(self, step: int, split: str, acc: float) -> None:
+        if split == self.metric_split:
+            self._eval = (step, float(acc))
 
-    def _metric(self, step: int) -> dict | None:
+    def metric(self, step: int) -> dict | None:
+        """The evaluation of this very step (the checkpoint's metric), if there was one."""
         if self._eval is not None and self._eval[0] == step:
             return {"name": f"{self.metric_split}_acc", "value": self._eval[1], "step": step}
         return None
 
-    def _due(self, step: int) -> str:
-        if self.interrupt.signum:
-            return "interrupt"
-        if self.every and step % self.every == 0:
-            return "every"
-        if self.secs and time.monotonic() - self._t_last >= self.secs:
-            return "secs"
-        m = self._metric(step)
-        if m is not None and (self.ckpts.best_value is None or m["value"] > self.ckpts.best_value):
-            return "best"
-        return ""
+    def is_new_best(self, step: int) -> bool:
+        m = self.metric(step)
+        return m is not None and (self.ckpts.best_value is None or m["value"] > self.ckpts.best_value)
 
-    def on_step_end(self, step: int, state) -> None:
-        if state.step >= state.total_steps or state.step_in_epoch >= self.steps_per_epoch:
-            return  # saved by the final save / on_epoch_end
-        self._maybe_save(state)
+    def seconds_since_save(self) -> float:
+        return time.monotonic() - self._t_last
 
-    def on_epoch_end(self, state) -> None:
-        if state.step < state.total_steps:
-            self._maybe_save(state)
+    def saved(self, step: int) -> bool:
+        return step == self._saved_step
 
-    def _maybe_save(self, state) -> None:
-        reason = self._due(state.step)
-        if reason and state.step != self._saved_step:
-            self.save(state, reason)
-        if self.interrupt.signum:
-            state.stop, state.stop_reason = True, "interrupted"
-
-    def save(self, state, reason: str = "final") -> Path:
+    def save(self, step: int, reason: str) -> Path:
         t0 = time.perf_counter()
-        self.last_path = self.ckpts.save(state.step, self.payload(state), self._metric(state.step),
-                                         reason)
+        self.last_path = self.ckpts.save(step, self.payload(), self.metric(step), reason)
         self.save_s += time.perf_counter() - t0
-        self._saved_step = state.step
+        self._saved_step = step
         self._t_last = time.monotonic()
         return self.last_path

@@ -1,1 +1,2 @@
-"""Watching a run: console lines, a metrics file, TensorBoard. Each is a hook object."""
+"""Watching a run: console lines, a metrics file, TensorBoard, memory and input watches, the
+profiler, the finalize guard. Each is a hook (``mnistflow.training.hooks``)."""

@@ -28,14 +28,14 @@ class ConsoleLogger:
             self.stream.write(text + "\n")
         self.stream.flush()
 
-    def on_train_log(self, step: int, logs: dict) -> None:
+    def on_step_end(self, step: int, logs: dict) -> None:
         self._emit(f"epoch {logs['epoch']:6.2f}  step {step:>6}/{self.total:<6}  "
                    f"loss {logs['loss']:.4f}  acc {100 * logs['acc']:6.2f}%  lr {logs['lr']:.2e}  "
                    f"{logs['img_per_s']:>9,.0f} img/s  data wait {100 * logs['data_wait_frac']:4.1f}%"
                    + (f"  mem {logs['rss_mb']:,.0f} MB" if "rss_mb" in logs else ""),
                    transient=True)
 
-    def on_eval(self, step: int, logs: dict) -> None:
+    def on_validation_end(self, step: int, logs: dict) -> None:
         self._emit(f"{logs['split']:<5} step {step:>6}  loss {logs['loss']:.4f}  "
                    f"acc {100 * logs['acc']:6.2f}%  ({logs['n']:,} images, {logs['eval_s']:.2f} s)")
 

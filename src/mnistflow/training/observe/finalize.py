@@ -20,13 +20,15 @@ def _where() -> str:
     """The innermost frame outside torch and mnistflow: the user's line that did it."""
     for fr in reversed(traceback.extract_stack()[:-2]):
         f = fr.filename.replace("\\", "/")
-        if "/torch/" not in f and "/mnistflow/observe/" not in f and "/mnistflow/engine.py" not in f:
+        if "/torch/" not in f and "/mnistflow/training/" not in f:
             return f"{fr.filename}:{fr.lineno}"
     return "?"
 
 
 class FinalizeGuard:
-    """Use as a context manager around the training loop, and as a hook (``on_step_end``)."""
+    """Use as a context manager around the training loop (a layer or parameter created during
+    training fails at once), and as a hook: ``on_step_end`` (logged steps) compares the model's
+    modules and parameters with the snapshot taken at setup (one replaced in between)."""
 
     def __init__(self, model: nn.Module):
         self.model = model
@@ -60,7 +62,7 @@ class FinalizeGuard:
         self._handles = []
         return False
 
-    def on_step_end(self, step: int, state) -> None:
+    def on_step_end(self, step: int, logs: dict | None) -> None:
         now = self._state()
         if now != self.snapshot:
             added = sorted(set(now) - set(self.snapshot))

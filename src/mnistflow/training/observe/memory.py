@@ -3,13 +3,13 @@ and the pre-flight check that refuses settings that would swap."""
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
-import sys
+import functools
 
 import psutil
 import torch
 
 from mnistflow.core.errors import MnistflowError
+from mnistflow.core.log import warn
 
 
 def rss_mb() -> float:
@@ -21,16 +21,18 @@ class _MallInfo2(ctypes.Structure):
                                                "fsmblks", "uordblks", "fordblks", "keepcost")]
 
 
+@functools.lru_cache(maxsize=None)
 def _mallinfo2():
-    try:
-        fn = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallinfo2
-    except (OSError, AttributeError):  # not glibc, or glibc < 2.33
-        return None
-    fn.restype = _MallInfo2
-    return fn
-
-
-_MALLINFO2 = _mallinfo2()
+    """glibc's mallinfo2, or None (not glibc, or glibc < 2.33). Looked up on first use, by the
+    library's usual name (``ctypes.util.find_library`` would start an ``ldconfig`` process)."""
+    for name in ("libc.so.6", None):  # None: the symbols already loaded into this process
+        try:
+            fn = ctypes.CDLL(name).mallinfo2
+        except (OSError, AttributeError):
+            continue
+        fn.restype = _MallInfo2
+        return fn
+    return None
 
 
 def in_use_mb(device: torch.device) -> float:
@@ -39,8 +41,9 @@ def in_use_mb(device: torch.device) -> float:
     memory is kept for reuse; RSS where neither is available."""
     if device.type == "cuda":
         return torch.cuda.memory_allocated(device) / 2**20
-    if _MALLINFO2 is not None:
-        m = _MALLINFO2()
+    mallinfo2 = _mallinfo2()
+    if mallinfo2 is not None:
+        m = mallinfo2()
         return (m.uordblks + m.hblkhd) / 2**20
     return rss_mb()
 
@@ -96,25 +99,22 @@ class MemoryWatch:
     is reported once, with the growth per step.
     """
 
-    def __init__(self, device: torch.device, leak_kb_per_step: float = 64.0, min_points: int = 6,
-                 stream=None):
+    def __init__(self, device: torch.device, leak_kb_per_step: float = 64.0, min_points: int = 6):
         self.device = device
         self.points: list[tuple[int, float]] = []
         self.leak_kb = leak_kb_per_step
         self.min_points = min_points
-        self.stream = stream or sys.stderr
         self.leak_message = ""
         self.near_limit_warned = False
 
-    def on_train_log(self, step: int, logs: dict) -> None:
+    def on_step_end(self, step: int, logs: dict) -> dict:
         r = rss_mb()
-        logs["rss_mb"] = r  # shown in the progress line; the run's peak comes from getrusage
         self.points.append((step, in_use_mb(self.device)))
         if not self.near_limit_warned and available_mb() < 0.05 * psutil.virtual_memory().total / 2**20:
             self.near_limit_warned = True
-            print(f"mnistflow: warning: memory nearly exhausted: {r:,.0f} MB RSS, "
-                  f"{available_mb():,.0f} MB left on the machine", file=self.stream)
+            warn(f"memory nearly exhausted: {r:,.0f} MB RSS, {available_mb():,.0f} MB left on the machine")
         self._check_leak()
+        return {"rss_mb": r}  # shown in the progress line; the run's peak comes from getrusage
 
     def _check_leak(self) -> None:
         pts = self.points[1:]  # the first interval includes warm-up allocations
@@ -127,8 +127,8 @@ class MemoryWatch:
         rises = int((mem[1:] > mem[:-1]).sum())
         if slope * 1024 > self.leak_kb and rises >= len(pts) - 2:
             self.leak_message = (
-                f"mnistflow: warning: memory grows every step: +{slope * 1024:,.0f} KB/step "
+                f"memory grows every step: +{slope * 1024:,.0f} KB/step "
                 f"({mem[0]:,.0f} -> {mem[-1]:,.0f} MB in use over steps {int(steps[0])}-{int(steps[-1])}). "
                 "Something keeps tensors alive across steps, e.g. appending the loss (with its graph) "
                 "to a list: keep loss.item() or loss.detach() instead")
-            print(self.leak_message, file=self.stream)
+            warn(self.leak_message)

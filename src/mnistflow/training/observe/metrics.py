@@ -1,4 +1,10 @@
-"""The run's metrics file: one JSON object per line (``metrics.jsonl``), appended as it goes."""
+"""The run's metrics file: one JSON object per line (``metrics.jsonl``), appended as it goes.
+
+Records: ``{"kind": "train", "step": N, <the logged scalars>}`` per logged step,
+``{"kind": "val" | "test", "step": N, "acc", "loss", "n", "eval_s", ...}`` per evaluation, and
+``{"kind": "epoch", "step": N, "epoch": E, ...}`` when a hook returned scalars at an epoch end.
+What a hook returned is in the record of its step, under its own name.
+"""
 from __future__ import annotations
 
 import json
@@ -15,11 +21,16 @@ class MetricsFile:
         rec.update({k: v for k, v in logs.items() if isinstance(v, (int, float, str, bool))})
         self._f.write(json.dumps(rec) + "\n")
 
-    def on_train_log(self, step: int, logs: dict) -> None:
+    def on_step_end(self, step: int, logs: dict) -> None:
         self.write("train", step, logs)
 
-    def on_eval(self, step: int, logs: dict) -> None:
-        self.write(logs["split"], step, logs)
+    def on_validation_end(self, step: int, logs: dict) -> None:
+        split = logs["split"]  # <split>_acc / <split>_loss repeat acc / loss: left out
+        self.write(split, step, {k: v for k, v in logs.items() if k not in (f"{split}_acc", f"{split}_loss")})
+
+    def on_epoch_end(self, epoch: int, logs: dict) -> None:
+        if set(logs) - {"epoch", "step"}:  # only when a hook returned scalars
+            self.write("epoch", logs["step"], logs)
 
     def close(self) -> None:
         self._f.close()

@@ -1,6 +1,6 @@
 """``train --profile-steps A:B`` and ``mnistflow profile``: the PyTorch profiler over a few
 steps of a real run, a Chrome trace, TensorBoard profiler files, the op tables by time and by
-memory, and a breakdown of the step (from the engine's named ranges)."""
+memory, and a breakdown of the step (from the named ranges of ``training.engine.profiled``)."""
 from __future__ import annotations
 
 import json
@@ -55,7 +55,8 @@ class ProfilerHook:
         (self.out / "report.txt").write_text(self.report + "\n")
         self.done = True
 
-    def on_step_end(self, step: int, state) -> None:
+    def step(self, step: int) -> None:
+        """After every optimizer step (the loop calls it: the profiler's schedule counts steps)."""
         if not self.done:
             self.prof.step()
             if step >= self.stop:

@@ -1,8 +1,9 @@
 """Watch the input queue: warn once when waiting for data takes over 10% of step time."""
 from __future__ import annotations
 
-import sys
 from collections import deque
+
+from mnistflow.core.log import warn
 
 
 class StarvationWatch:
@@ -13,14 +14,13 @@ class StarvationWatch:
     input pipeline to fix), so ``queued=False`` keeps the watch quiet.
     """
 
-    def __init__(self, threshold: float = 0.10, window: int = 3, stream=None, queued: bool = True):
+    def __init__(self, threshold: float = 0.10, window: int = 3, queued: bool = True):
         self.threshold, self.window, self.queued = threshold, window, queued
         self.recent: deque[float] = deque(maxlen=window)
-        self.stream = stream or sys.stderr
         self.warned = False
         self.message = ""
 
-    def on_train_log(self, step: int, logs: dict) -> None:
+    def on_step_end(self, step: int, logs: dict) -> None:
         self.recent.append(logs["data_wait_frac"])
         if not self.queued or self.warned or len(self.recent) < self.window:
             return
@@ -28,8 +28,8 @@ class StarvationWatch:
         if frac > self.threshold:
             self.warned = True
             self.message = (
-                f"mnistflow: warning: input starvation: {100 * frac:.0f}% of step time waiting for data "
+                f"input starvation: {100 * frac:.0f}% of step time waiting for data "
                 f"over the last {self.window} log intervals (queue depth {logs['queue_depth']}, "
                 f"{logs['img_per_s']:,.0f} img/s). Likely fixes: prepare records once ('mnistflow prep'), "
                 "keep the data on the device (--resident yes), or raise the reader's prefetch.")
-            print(self.message, file=self.stream)
+            warn(self.message)

@@ -1,16 +1,24 @@
 """TensorBoard event files: curves as the tutorial shows them, plus throughput and the graph.
 
-The writer (and its heavy import) is created on first use, and only on rank 0.
+The writer (and its heavy import) is created on first use, and only on rank 0. A scalar a
+hook returned is written under its own name (no prefix), at its step.
 """
 from __future__ import annotations
 
-import sys
 from pathlib import Path
+
+from mnistflow.core.log import warn
+
+_TRAIN = {"loss": "train/loss", "acc": "train/acc", "lr": "lr", "img_per_s": "throughput/img_per_s",
+          "data_wait_frac": "pipeline/data_wait_frac", "queue_depth": "pipeline/queue_depth"}
+_TRAIN_OTHER = {"epoch", "rss_mb"}  # in the logs, not curves of their own
+_EVAL = {"split", "acc", "loss", "n", "eval_s"}
 
 
 class TensorBoardLogger:
-    def __init__(self, logdir: str | Path):
+    def __init__(self, logdir: str | Path, purge_step: int | None = None):
         self.logdir = Path(logdir)
+        self.purge_step = purge_step  # a resumed run: events from this step on are superseded
         self._w = None
         self._failed = False
 
@@ -21,29 +29,37 @@ class TensorBoardLogger:
                 from torch.utils.tensorboard import SummaryWriter
             except ImportError:
                 self._failed = True
-                print("mnistflow: warning: tensorboard is not installed; no event files written",
-                      file=sys.stderr)
+                warn("tensorboard is not installed; no event files written")
                 return None
-            self._w = SummaryWriter(str(self.logdir))
+            self._w = SummaryWriter(str(self.logdir), purge_step=self.purge_step)
         return self._w
 
-    def on_train_log(self, step: int, logs: dict) -> None:
-        w = self.writer
-        if w is None:
-            return
-        w.add_scalar("train/loss", logs["loss"], step)
-        w.add_scalar("train/acc", logs["acc"], step)
-        w.add_scalar("lr", logs["lr"], step)
-        w.add_scalar("throughput/img_per_s", logs["img_per_s"], step)
-        w.add_scalar("pipeline/data_wait_frac", logs["data_wait_frac"], step)
-        w.add_scalar("pipeline/queue_depth", logs["queue_depth"], step)
+    def _extras(self, w, step: int, logs: dict, known) -> None:
+        for k, v in logs.items():
+            if k not in known and isinstance(v, (int, float)) and not isinstance(v, bool):
+                w.add_scalar(k, v, step)
 
-    def on_eval(self, step: int, logs: dict) -> None:
+    def on_step_end(self, step: int, logs: dict) -> None:
         w = self.writer
         if w is None:
             return
-        w.add_scalar(f"{logs['split']}/loss", logs["loss"], step)
-        w.add_scalar(f"{logs['split']}/acc", logs["acc"], step)
+        for k, tag in _TRAIN.items():
+            w.add_scalar(tag, logs[k], step)
+        self._extras(w, step, logs, _TRAIN.keys() | _TRAIN_OTHER)
+
+    def on_validation_end(self, step: int, logs: dict) -> None:
+        w = self.writer
+        if w is None:
+            return
+        split = logs["split"]
+        w.add_scalar(f"{split}/loss", logs["loss"], step)
+        w.add_scalar(f"{split}/acc", logs["acc"], step)
+        self._extras(w, step, logs, _EVAL | {f"{split}_acc", f"{split}_loss"})
+
+    def on_epoch_end(self, epoch: int, logs: dict) -> None:
+        w = self.writer
+        if w is not None:
+            self._extras(w, logs["step"], logs, {"epoch", "step"})
 
     def add_graph(self, model, example) -> None:
         w = self.writer
@@ -52,7 +68,7 @@ class TensorBoardLogger:
         try:
             w.add_graph(model, example)
         except Exception as e:  # tracing is best effort: a model with data-dependent control flow
-            print(f"mnistflow: warning: model graph not written to TensorBoard ({e})", file=sys.stderr)
+            warn(f"model graph not written to TensorBoard ({e})")
 
     def close(self) -> None:
         if self._w is not None:

@@ -1,0 +1,74 @@
+"""Evaluating a model over a loader: loss, accuracy, the confusion matrix; test-time augmentation.
+
+Used by training (validation and the final test) and by ``mnistflow eval``. The sums stay on
+the device until the end (one read), and under torchrun each rank's shard is summed over the
+ranks, so every rank returns the whole split's numbers.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from mnistflow.data.augment import TTA_SHIFTS, shifted
+from mnistflow.runtime import dist
+from mnistflow.runtime.device import Amp
+
+
+def tta_logits(model, x: torch.Tensor, views: int) -> torch.Tensor:
+    """Log of the class probabilities averaged over ``x`` and ``views`` one-pixel shifts of it
+    (the first ``views`` of ``TTA_SHIFTS``): usable as logits for argmax and cross-entropy."""
+    logits = model(x)
+    if not views:
+        return logits
+    probs = logits.float().softmax(1)
+    for dy, dx in TTA_SHIFTS[:views]:
+        probs += model(shifted(x, dy, dx)).float().softmax(1)
+    return (probs / (views + 1)).log()
+
+
+@torch.inference_mode()
+def evaluate(model: nn.Module, loader, amp: Amp, num_classes: int, *, confusion: bool = False,
+             tta: int = 0) -> dict:
+    """Loss and accuracy over the whole loader; with ``confusion``, the confusion matrix
+    (rows: true class, columns: predicted) and per-class accuracy. ``tta`` > 0: predictions
+    averaged over each image and that many one-pixel shifts of it (:func:`tta_logits`).
+
+    A loader with ``world_size > 1`` is this rank's shard (``pad=False``: each image on one
+    rank): the sums are all-reduced, so every rank returns the whole split's numbers."""
+    was_training = model.training
+    model.eval()
+    dev = next(model.parameters()).device
+    loss_sum = torch.zeros((), device=dev)
+    correct = torch.zeros((), dtype=torch.int64, device=dev)
+    cm = torch.zeros(num_classes * num_classes, dtype=torch.int64, device=dev) if confusion else None
+    n = 0
+    for xb, yb in loader:
+        with amp.autocast():
+            logits = tta_logits(model, xb, tta)
+        loss_sum += F.cross_entropy(logits.float(), yb, reduction="sum")
+        pred = logits.argmax(1)
+        correct += (pred == yb).sum()
+        if cm is not None:
+            cm += torch.bincount(yb * num_classes + pred, minlength=num_classes * num_classes)
+        n += yb.shape[0]
+    model.train(was_training)
+    ls = c = None
+    if getattr(loader, "world_size", 1) > 1:  # before any early return: every rank takes part
+        sums = torch.stack([loss_sum.double(), correct.double(),
+                            torch.tensor(float(n), dtype=torch.float64, device=dev)])
+        ls, c, n = dist.all_reduce_sum(sums).tolist()
+        n = int(n)
+        if cm is not None:
+            dist.all_reduce_sum(cm)
+    if n == 0:
+        return {"loss": float("nan"), "acc": float("nan"), "n": 0}
+    if ls is None:
+        ls, c = torch.stack([loss_sum, correct.to(loss_sum.dtype)]).tolist()
+    out = {"loss": ls / n, "acc": c / n, "n": n}
+    if cm is not None:
+        m = cm.view(num_classes, num_classes).cpu()
+        out["confusion"] = m.tolist()
+        rows = m.sum(1).clamp(min=1)
+        out["per_class_acc"] = (m.diag() / rows).tolist()
+    return out

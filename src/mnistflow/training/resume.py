@@ -1,0 +1,207 @@
+"""``--resume``: find the checkpoint, load it once, check it continues THIS run, restore it.
+
+    mnistflow train --resume --run-dir runs/a              # the newest valid checkpoint of runs/a
+    mnistflow train --resume runs/a/checkpoints/step-000400.pt
+
+Resuming needs only the checkpoint: the learning rate is a pure function of the step and the
+data order a pure function of (seed, epoch), so the loop continues at (epoch, step in epoch)
+with the model, optimizer, scaler and RNG states loaded strictly into the live objects.
+
+The checkpoint is read (and its checksum verified) once per process: ``resolve_config`` reads
+it for the saved configuration (the base that explicit settings override) and ``fit`` takes
+that same payload (:func:`load` keeps the last one read until it is taken).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from mnistflow.artifacts import checkpoint
+from mnistflow.artifacts.rundir import RunDir
+from mnistflow.core.errors import MnistflowError
+from mnistflow.core.fsutil import atomic_write_text
+from mnistflow.data.records import Records
+from mnistflow.runtime import dist
+from mnistflow.training.config import TrainConfig
+from mnistflow.training.engine import TrainState
+
+# Settings that change the model or the data (its content or order): a resume that changes
+# them would not continue the same run, so it is refused. Others (epochs, lr, ...) may change.
+# batch_size is compared as the global batch (batch_size x processes): resuming under torchrun
+# with another number of processes is allowed when the global batch stays the same.
+RESUME_IDENTITY = ("model", "seed", "batch_size", "drop_last", "augment", "optimizer", "train_on")
+
+
+def rank_seed(seed: int, rank: int, step: int = 0) -> int:
+    """The torch seed of rank ``rank`` > 0 after the model is built (dropout differs per rank;
+    rank 0 keeps the single process's stream). ``step``: the step a resume starts at."""
+    return (seed * 1_000_003 + rank * 7_919 + step * 104_729) % 2**63
+
+
+def data_fingerprint(rec: Records) -> dict:
+    files = rec.meta.get("files") or {}
+    return {"name": rec.name, "records": str(Path(rec.path).resolve()), "shape": list(rec.shape),
+            "splits": dict(rec.meta.get("splits", {})), "variants": rec.variants,
+            "sha256": hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()}
+
+
+def resume_differences(old: dict, cfg: TrainConfig, old_data: dict | None = None,
+                       data: dict | None = None, *, old_world: int = 1, world: int = 1) -> list[str]:
+    """``key: old -> new`` for each setting that changes the model or data. ``old_world`` and
+    ``world``: the numbers of processes of the checkpoint's run and of this one."""
+    diffs = []
+    for k in RESUME_IDENTITY:
+        if k not in old:
+            continue
+        if k == "batch_size" and old_world != world:
+            if old[k] * old_world != cfg.batch_size * world:
+                diffs.append(f"global batch (batch_size x processes): {old[k]} x {old_world} = "
+                             f"{old[k] * old_world} -> {cfg.batch_size} x {world} = {cfg.batch_size * world}")
+        elif old.get(k) != getattr(cfg, k):
+            diffs.append(f"{k}: {old.get(k)} -> {getattr(cfg, k)}")
+    if old_data and data and old_data.get("sha256") != data["sha256"]:
+        diffs.append(f"data: {old_data.get('name')} ({old_data.get('sha256', '')[:8]}) -> "
+                     f"{data['name']} ({data['sha256'][:8]})")
+    return diffs
+
+
+def _newest_run_with_checkpoints(root: Path = Path("runs")) -> Path | None:
+    runs = [d for d in root.glob("*") if RunDir(d).checkpoints.is_dir()] if root.is_dir() else []
+    return max(runs, key=lambda d: RunDir(d).checkpoints.stat().st_mtime, default=None)
+
+
+def locate_resume(resume: str | os.PathLike | bool, run_dir: str | os.PathLike | None,
+                  *, quiet: bool = False) -> tuple[Path | None, Path]:
+    """(checkpoint to resume from or None, run directory) for ``--resume [PATH]``.
+
+    ``latest`` (no PATH) takes the newest valid checkpoint of ``run_dir`` (or of the newest
+    run under ./runs); None there means start from step 0. An explicit PATH (a checkpoint, a
+    run directory or its checkpoints/) must hold a valid checkpoint.
+    """
+    if resume is True or str(resume) in ("latest", "last", ""):
+        rd = Path(run_dir) if run_dir else _newest_run_with_checkpoints()
+        if rd is None:
+            raise MnistflowError("nothing to resume: no --run-dir given and no run with checkpoints "
+                                 "under ./runs (pass --run-dir RUN or --resume PATH)")
+        return checkpoint.find_latest(RunDir(rd).checkpoints, quiet=quiet), rd
+    p = Path(resume)
+    if p.is_dir():
+        folder = p if p.name == checkpoint.CKPT_DIR else RunDir(p).checkpoints
+        found = checkpoint.find_latest(folder, quiet=quiet)
+        if found is None:
+            raise MnistflowError("no valid checkpoint to resume from", folder)
+        rd = folder.parent
+    elif p.is_file():
+        found = p
+        of = RunDir.of_checkpoint(p)
+        rd = of.path if of is not None else p.parent
+    else:
+        raise MnistflowError("no such checkpoint or run directory", p)
+    return found, Path(run_dir) if run_dir else rd
+
+
+_read: tuple[tuple, dict] | None = None  # the last payload read and not yet taken, by file identity
+
+
+def _identity(path: Path) -> tuple:
+    st = path.stat()
+    return str(path.resolve()), st.st_mtime_ns, st.st_size
+
+
+def load(path: str | Path, *, keep: bool = False) -> dict:
+    """The verified payload of the checkpoint ``path``. ``keep``: remember it, so that the next
+    ``load`` of the same unchanged file returns it without reading it again (once)."""
+    global _read
+    p = Path(path)
+    key = _identity(p)
+    if _read is not None and _read[0] == key:
+        payload = _read[1]
+    else:
+        payload = checkpoint.load(p)
+    _read = (key, payload) if keep else None
+    return payload
+
+
+def keep_global_batch(base: dict, old_world: int, given: bool) -> None:
+    """Resuming under another number of processes without ``--batch-size``: the per-process
+    batch that keeps the checkpoint's global batch (when it divides evenly)."""
+    world = dist.env_info().world_size
+    if given or old_world == world or "batch_size" not in base:
+        return
+    global_batch = base["batch_size"] * old_world
+    if global_batch % world == 0:
+        base["batch_size"] = global_batch // world
+
+
+def config_base(path: Path, given_batch: bool, known: set[str]) -> dict:
+    """The checkpoint's configuration, as the base layer of a resumed run's settings."""
+    saved = load(path, keep=True)  # fit() takes this very payload
+    base = {k: v for k, v in saved["config"].items() if k in known - {"resume", "run_dir"}}
+    keep_global_batch(base, int(saved["train_state"].get("world_size", 1)), given_batch)
+    return base
+
+
+@dataclass
+class Resume:
+    """The checkpoint a run continues from, loaded once."""
+
+    path: Path
+    payload: dict
+
+    @classmethod
+    def open(cls, path: Path, cfg: TrainConfig, world: int) -> "Resume":
+        """Load ``path`` and refuse a configuration that would not continue the same run."""
+        r = cls(Path(path), load(path))
+        r.check(cfg, world)
+        return r
+
+    @property
+    def step(self) -> int:
+        return int(self.payload["train_state"]["step"])
+
+    @property
+    def world_size(self) -> int:
+        """The number of processes that saved it."""
+        return int(self.payload["train_state"].get("world_size", 1))
+
+    def check(self, cfg: TrainConfig, world: int, rec: Records | None = None) -> None:
+        """RESUME_IDENTITY (and, with ``rec``, the data): a difference is an error listing them."""
+        diffs = resume_differences(self.payload["config"], cfg, self.payload.get("data") if rec else None,
+                                   data_fingerprint(rec) if rec else None, old_world=self.world_size,
+                                   world=world)
+        if diffs:
+            raise MnistflowError("cannot resume with a different model or data: " + "; ".join(diffs),
+                                 self.path)
+
+    def restore(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scaler,
+                state: TrainState, seed: int, rank: int) -> None:
+        """Load the states into the live objects (strictly) and ``state``."""
+        checkpoint.restore(self.payload, model, optimizer, scaler, path=self.path)
+        ts = self.payload["train_state"]
+        state.step, state.epoch, state.step_in_epoch = ts["step"], ts["epoch"], ts["step_in_epoch"]
+        state.samples, state.metrics = ts["samples"], dict(ts["metrics"])
+        # only a reached target ends a run for good; any other stop is continued past
+        state.stop_reason = "target" if ts.get("stop_reason") == "target" else ""
+        if rank > 0:  # the checkpoint holds rank 0's RNG; the others take a fresh stream
+            torch.manual_seed(rank_seed(seed, rank, state.step))
+
+
+def truncate_metrics(path: Path, step: int) -> None:
+    """Drop records after ``step`` (logged by the interrupted process after its last
+    checkpoint; the resumed run logs them again) and any torn last line."""
+    if not path.is_file():
+        return
+    keep = []
+    for line in path.read_text().splitlines():
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(rec, dict) and rec.get("step", 0) <= step:
+            keep.append(line)
+    atomic_write_text(path, "".join(ln + "\n" for ln in keep))

@@ -1,0 +1,240 @@
+"""The training loop on synthetic digits: its "when" rules, the hook protocol, the resume
+checkpoint read once, the configuration left untouched, warnings recorded."""
+from __future__ import annotations
+
+import copy
+import json
+import os
+import signal
+
+import pytest
+import torch
+import torch.nn as nn
+
+from mnistflow.artifacts import checkpoint
+from mnistflow.artifacts.rundir import RunDir
+from mnistflow.core import log
+from mnistflow.core.errors import MnistflowError
+from mnistflow.training import resume as resumemod
+from mnistflow.training.checkpointing import TrainingInterrupted
+from mnistflow.training.hooks import StopTraining, call
+from mnistflow.training.loop import fit, resolve_config, train
+
+SPEC = "conv3x3x4-relu,maxpool4,fc10"
+# 600 training images / batch 50: 12 steps per epoch
+QUICK = dict(model=SPEC, quiet=True, threads=1, tensorboard=False, batch_size=50, log_every=2)
+
+
+@pytest.fixture(autouse=True)
+def _no_malloc_tuning(monkeypatch):
+    # runtime.cpu.tune_malloc finds libc through ctypes.util.find_library, which starts an
+    # ldconfig process (refused in this tier); it changes no result
+    monkeypatch.setenv("MNISTFLOW_MALLOC", "default")
+
+
+def metrics(run) -> list[dict]:
+    return [json.loads(ln) for ln in RunDir(run).metrics.read_text().splitlines()]
+
+
+# --- hooks.call ---------------------------------------------------------------------------------
+
+def test_call_merges_returned_scalars_and_stops_after_every_hook():
+    seen = []
+
+    class A:
+        def on_step_end(self, step, logs):
+            return {"a": 1}
+
+    class Stop:
+        def on_step_end(self, step, logs):
+            raise StopTraining("enough")
+
+    class B:
+        def on_step_end(self, step, logs):
+            seen.append(dict(logs))
+
+    logs = {"loss": 0.5}
+    assert call([A(), Stop(), B(), object()], "on_step_end", 3, logs) == "enough"
+    assert seen == [{"loss": 0.5, "a": 1}]  # the hook after the stop was called, saw A's scalar
+    assert call([A()], "on_epoch_end", 0, {}) is None  # no such method: nothing happens
+
+
+@pytest.mark.parametrize("out", [[1], {"x": "text"}, {"x": True}, {3: 1.0}])
+def test_call_names_the_hook_that_returns_something_else(out):
+    class Bad:
+        def on_validation_end(self, step, logs):
+            return out
+
+    with pytest.raises(MnistflowError, match="Bad.on_validation_end"):
+        call([Bad()], "on_validation_end", 1, {})
+
+
+# --- the loop's rules ---------------------------------------------------------------------------
+
+class Recorder:
+    def __init__(self):
+        self.calls = []
+
+    def on_train_start(self, logs):
+        self.calls.append(("start", logs["total_steps"], logs["steps_per_epoch"]))
+
+    def on_step_end(self, step, logs):
+        self.calls.append(("step", step))
+
+    def on_validation_end(self, step, logs):
+        self.calls.append((logs["split"], step))
+
+    def on_epoch_end(self, epoch, logs):
+        self.calls.append(("epoch", epoch, logs["step"]))
+        return {"epochs_done": epoch + 1}
+
+    def on_train_end(self, logs):
+        self.calls.append(("end", logs["steps"]))
+
+
+def test_logs_evaluations_epochs_and_the_end_in_order(synthetic_records, tmp_path):
+    rec = Recorder()
+    cfg = resolve_config(None, data=str(synthetic_records), run_dir=str(tmp_path / "r"), epochs=2,
+                         keep_checkpoints=0, **{**QUICK, "log_every": 5})
+    s = fit(cfg, callbacks=[rec])
+    assert s["steps"] == 24 and s["stop_reason"] == "epochs"
+    # logged every 5 steps and at each epoch's last step; val at each epoch end; test at the end
+    assert rec.calls == [("start", 24, 12), ("step", 5), ("step", 10), ("step", 12), ("val", 12),
+                         ("epoch", 0, 12), ("step", 15), ("step", 20), ("step", 24), ("val", 24),
+                         ("epoch", 1, 24), ("test", 24), ("end", 24)]
+    recs = metrics(tmp_path / "r")
+    assert [(r["kind"], r["step"], r["epochs_done"]) for r in recs if r["kind"] == "epoch"] == \
+        [("epoch", 12, 1), ("epoch", 24, 2)]
+    assert not [r for r in recs if "val_acc" in r]  # no repeat of acc / loss under a second name
+
+
+def test_a_stop_from_a_hook_ends_the_run_like_any_other(synthetic_records, tmp_path):
+    class StopAt:
+        def on_step_end(self, step, logs):
+            if step == 6:
+                raise StopTraining("enough")
+
+    cfg = resolve_config(None, data=str(synthetic_records), run_dir=str(tmp_path / "r"), epochs=3, **QUICK)
+    s = fit(cfg, callbacks=[StopAt()])
+    assert s["steps"] == 6 and s["stop_reason"] == "enough" and s["test_acc"] is not None
+    assert RunDir(tmp_path / "r").model.is_file()
+    last = RunDir(tmp_path / "r").checkpoints / checkpoint.checkpoint_name(6)
+    assert checkpoint.read_header(last)["reason"] == "final"
+    assert [r["kind"] for r in metrics(tmp_path / "r") if r["step"] == 6] == ["train", "test"]
+
+
+def test_checkpoints_every_n_steps_at_the_epoch_end_and_at_the_end(synthetic_records, tmp_path):
+    train(data=synthetic_records, run_dir=tmp_path / "r", epochs=2, max_steps=20, checkpoint_every=5,
+          keep_checkpoints=10, validate=False, **QUICK)
+    folder = RunDir(tmp_path / "r").checkpoints
+    reasons = {s: checkpoint.read_header(p)["reason"] for s, p in checkpoint.step_files(folder)}
+    assert reasons == {5: "every", 10: "every", 15: "every", 20: "final"}
+    # a checkpoint at an epoch's end is taken after its bookkeeping: it continues in the next epoch
+    train(data=synthetic_records, run_dir=tmp_path / "e", epochs=2, max_steps=20, checkpoint_every=12,
+          keep_checkpoints=10, validate=False, **QUICK)
+    head = checkpoint.read_header(RunDir(tmp_path / "e").checkpoints / checkpoint.checkpoint_name(12))
+    assert (head["reason"], head["epoch"], head["step_in_epoch"]) == ("every", 1, 0)
+
+
+def test_a_signal_saves_at_the_end_of_the_step_and_stops(synthetic_records, tmp_path):
+    class Signal:
+        def on_step_end(self, step, logs):
+            if step == 4:
+                os.kill(os.getpid(), signal.SIGTERM)  # the handler only sets a flag
+
+    cfg = resolve_config(None, data=str(synthetic_records), run_dir=str(tmp_path / "r"), epochs=2,
+                         max_steps=20, **QUICK)
+    with pytest.raises(TrainingInterrupted) as e:
+        fit(cfg, callbacks=[Signal()])
+    assert e.value.step == 4 and e.value.exit_code == 143
+    assert checkpoint.read_header(e.value.path)["reason"] == "interrupt"
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the handlers are restored
+    s = train(run_dir=tmp_path / "r", resume=True, quiet=True)  # continues to the end
+    assert s["steps"] == 20 and s["resumed_from"].endswith("step-000004.pt")
+
+
+def test_fit_leaves_the_callers_config_unchanged(synthetic_records, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the default run directory: runs/<name>-<time>
+    cfg = resolve_config(None, model="softmax", data=str(synthetic_records), batch_size="auto",
+                         max_steps=3, quiet=True, threads=1, tensorboard=False, keep_checkpoints=0)
+    before = copy.deepcopy(cfg)
+    s = fit(cfg)
+    assert cfg == before and cfg.batch_size == "auto" and cfg.run_dir is None
+    assert isinstance(s["global_batch"], int)
+    saved = (RunDir(s["run_dir"]).config).read_text()
+    assert f"batch_size = {s['global_batch']}" in saved and "run_dir" not in saved
+
+
+def test_resume_reads_the_checkpoint_once(synthetic_records, tmp_path, monkeypatch):
+    train(data=synthetic_records, run_dir=tmp_path / "r", max_steps=4, **QUICK)
+    reads = []
+    real = checkpoint.load
+    monkeypatch.setattr(checkpoint, "load", lambda p: reads.append(p) or real(p))
+    s = train(run_dir=tmp_path / "r", resume=True, max_steps=6, quiet=True)
+    assert s["steps"] == 6 and len(reads) == 1
+    assert resumemod._read is None  # nothing kept once the run took it
+
+
+def test_resume_refuses_another_model_naming_the_setting(synthetic_records, tmp_path):
+    train(data=synthetic_records, run_dir=tmp_path / "r", max_steps=2, **QUICK)
+    with pytest.raises(MnistflowError, match="model: conv3x3x4-relu,maxpool4,fc10 -> softmax"):
+        train(run_dir=tmp_path / "r", resume=True, model="softmax", quiet=True)
+
+
+# --- a user's model and loss ----------------------------------------------------------------------
+
+class Flat(nn.Module):
+    def __init__(self, inputs: int):
+        super().__init__()
+        self.fc = nn.Linear(inputs, 10)
+
+    def forward(self, x):
+        return self.fc(x.flatten(1))
+
+
+def test_a_model_that_cannot_take_the_input_names_its_shape(synthetic_records, tmp_path):
+    cfg = resolve_config(None, data=str(synthetic_records), run_dir=str(tmp_path / "r"), max_steps=2, **QUICK)
+    with pytest.raises(MnistflowError, match=r"cannot take input of shape \(N, 1, 28, 28\): RuntimeError"):
+        fit(cfg, model=Flat(100))
+    with pytest.raises(MnistflowError, match=r"expected \(N, 10\)"):
+        fit(cfg, model=nn.Flatten())
+
+
+def test_a_ready_model_and_loss_function_are_trained(synthetic_records, tmp_path):
+    calls = []
+
+    def loss_fn(logits, targets):
+        calls.append(logits.shape)
+        return nn.functional.cross_entropy(logits, targets)
+
+    model = Flat(784)
+    w0 = model.fc.weight.detach().clone()
+    cfg = resolve_config(None, data=str(synthetic_records), run_dir=str(tmp_path / "r"), max_steps=5, **QUICK)
+    s = fit(cfg, model=model, loss_fn=loss_fn,
+            model_factory={"factory": "tests.somewhere:Flat", "kwargs": {"inputs": 784}})
+    assert s["steps"] == 5 and len(calls) == 5 and calls[0] == (50, 10)
+    assert not torch.equal(model.fc.weight.detach(), w0)  # trained in place
+    from mnistflow.artifacts.model_file import read_model_file
+
+    _, info = read_model_file(RunDir(tmp_path / "r").model)
+    assert (info.factory, info.factory_kwargs) == ("tests.somewhere:Flat", {"inputs": 784})
+
+
+# --- warnings -------------------------------------------------------------------------------------
+
+class Warns:
+    def on_train_start(self, logs):
+        log.warn("something to know")
+
+
+@pytest.mark.parametrize("quiet", [True, False])
+def test_warnings_are_recorded_in_the_summary_and_quiet_silences_them(synthetic_records, tmp_path, capsys,
+                                                                      quiet):
+    cfg = resolve_config(None, data=str(synthetic_records), run_dir=str(tmp_path / "r"), max_steps=2,
+                         **{**QUICK, "quiet": quiet})
+    s = fit(cfg, callbacks=[Warns()])
+    assert s["warnings"] == ["something to know"]
+    assert json.loads(RunDir(tmp_path / "r").summary.read_text())["warnings"] == ["something to know"]
+    assert set(s["kernels"]) >= {"native", "ops"}
+    err = capsys.readouterr().err
+    assert ("mnistflow: warning: something to know" in err) is not quiet
