@@ -51,15 +51,6 @@ class _Stderr(logging.StreamHandler):
         pass
 
 
-class _Recorder(logging.Filter):
-    """Keeps what a run emitted for its summary; passes every record on."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno >= logging.WARNING and _records:
-            _records[-1].append(record.getMessage())
-        return True
-
-
 class _RankZero(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         return _rank() == 0
@@ -70,7 +61,6 @@ def _setup() -> None:
         return
     LOGGER.setLevel(logging.INFO)
     LOGGER.addFilter(_RankZero())
-    LOGGER.addFilter(_Recorder())
     # Our own handler, unless the user configured one: then their handlers decide.
     LOGGER.addHandler(_Stderr())
     LOGGER.propagate = False
@@ -81,7 +71,10 @@ _setup()
 
 
 def warn(message: str) -> None:
-    """A warning the user should act on or know about (one line)."""
+    """A warning the user should act on or know about (one line). Recorded first, so that a run's
+    summary holds it whatever the logging configuration or the rank."""
+    for got in _records:  # every open recording: a run inside a caller's own recording
+        got.append(message)
     LOGGER.warning(message)
 
 

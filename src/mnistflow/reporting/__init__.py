@@ -23,9 +23,18 @@ from pathlib import Path
 
 from mnistflow.artifacts.rundir import RunDir
 from mnistflow.reporting.page import HTML_FILE, render_html
-from mnistflow.reporting.plots import (COMPARE_SIZE, PLOT_SIZES, require_matplotlib, plot_compare,
-                                       plot_confusion, plot_curve, plot_lr, plot_misclassified,
-                                       plot_per_class, plot_throughput)
+from mnistflow.reporting.plots import (
+    COMPARE_SIZE,
+    PLOT_SIZES,
+    plot_compare,
+    plot_confusion,
+    plot_curve,
+    plot_lr,
+    plot_misclassified,
+    plot_per_class,
+    plot_throughput,
+    require_matplotlib,
+)
 from mnistflow.reporting.run import RunLog, SplitPredictions, load_run, predict_split
 
 __all__ = ["COMPARE_SIZE", "HTML_FILE", "PLOT_SIZES", "RunLog", "SplitPredictions", "build_report",

@@ -7,6 +7,7 @@ import json
 from html import escape
 
 from mnistflow.artifacts.rundir import RunDir
+from mnistflow.artifacts.runlog import end_of_run_table
 from mnistflow.core.errors import display
 from mnistflow.reporting.run import RunLog, SplitPredictions
 
@@ -44,31 +45,6 @@ figcaption{color:#495057;font-size:.9rem}pre{background:#f8f9fa;padding:.7rem;ov
 table{border-collapse:collapse;font-size:.9rem}td,th{padding:.2rem .7rem;border-bottom:1px solid #e9ecef;
 text-align:left}td.n{text-align:right;font-variant-numeric:tabular-nums}
 """
-
-
-def end_of_run_table(s: dict, target: float | None) -> str:
-    """The short fixed-width table every run ends with, from its summary.json.
-    TODO(lead): a copy of ``training.loop.end_of_run_table`` (a verb must not import
-    training); once that function lives in ``artifacts.rundir``, import it from there."""
-    pct = lambda v: "-" if v is None else f"{100 * v:.2f}%"  # noqa: E731
-    rows = [("wall time", f"{s['wall_s']:.2f} s")]
-    if target is not None:
-        ttt = s["time_to_target_s"]
-        rows.append((f"time to {100 * target:.2f}%", "not reached" if ttt is None else f"{ttt:.2f} s"))
-    rows += [("throughput", f"{s['img_per_s']:,.0f} img/s ({s['train_img_per_s'] or 0:,.0f} img/s "
-                            f"in training steps)"),
-             ("data wait", pct(s["data_wait_frac"])),
-             ("peak memory", f"{s['peak_rss_mb']:,.0f} MB RSS"),
-             *([("GPU peak memory", f"{s['gpu_peak_allocated_mb']:,.0f} MB allocated, "
-                                    f"{s['gpu_peak_reserved_mb']:,.0f} MB reserved")]
-               if "gpu_peak_allocated_mb" in s else []),
-             ("val accuracy", pct(s["val_acc"])),
-             ("test accuracy", pct(s["test_acc"]) + (f" (mean of {s['tta'] + 1} shifted views)"
-                                                     if s.get("tta") and s["test_acc"] is not None else "")),
-             ("run directory", s["run_dir"])]
-    w = max(len(k) for k, _ in rows)
-    line = "-" * (w + 3 + max(len(v) for _, v in rows))
-    return "\n".join([line] + [f"{k:<{w}}   {v}" for k, v in rows] + [line])
 
 
 def _pct(v) -> str:

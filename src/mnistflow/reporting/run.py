@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from mnistflow.artifacts.rundir import METRICS, SUMMARY, RunDir
+from mnistflow.artifacts.runlog import read_metrics
 from mnistflow.core import compat
 from mnistflow.core.errors import MnistflowError
 
@@ -72,20 +73,6 @@ class SplitPredictions:
         return np.diag(self.confusion) / np.maximum(self.confusion.sum(1), 1)
 
 
-def _read_metrics(path: Path) -> list[dict]:
-    """The records of a metrics.jsonl (a torn last line from a crash is skipped).
-    TODO(lead): use the artifacts-level reader once ``read_metrics`` moves there."""
-    out = []
-    for line in path.read_text().splitlines():
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(rec, dict):
-            out.append(rec)
-    return out
-
-
 def _by_step(rows: list[dict]) -> list[dict]:
     """Sorted by step, the last record of a step winning (a resumed run logs some again)."""
     return sorted({r["step"]: r for r in rows if isinstance(r.get("step"), int)}.values(),
@@ -99,7 +86,7 @@ def load_run(run_dir: str | Path) -> RunLog:
         raise MnistflowError("no such run directory", run.path)
     if not run.metrics.is_file():
         raise MnistflowError(f"no {METRICS} in this directory (is it a run directory?)", run.path)
-    recs = _read_metrics(run.metrics)
+    recs = read_metrics(run.metrics)
     kinds = {k: _by_step([r for r in recs if r.get("kind") == k]) for k in ("train", "val", "test")}
     summary = None
     if run.summary.is_file():

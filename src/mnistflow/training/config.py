@@ -326,10 +326,11 @@ def resolve(recipe: dict | None = None, file: dict | None = None, flags: dict | 
     return cfg
 
 
-def validate(cfg: TrainConfig) -> None:
+def validate(cfg: TrainConfig, *, check_model: bool = True) -> None:
     """Impossible settings fail before any work starts: every field against its own rule (type,
     finite, range, choices; see :func:`setting`), then what involves several fields, the model
-    registry, the optimizers and the environment variables that stand in for settings."""
+    registry, the optimizers and the environment variables that stand in for settings.
+    ``check_model=False``: the model is a user's module given to ``fit``, not a registered name."""
     for f in fields(cfg):
         check_value(f.name, getattr(cfg, f.name))
     if cfg.train_on == "train+val" and cfg.target_acc is not None and cfg.target_split == "val":
@@ -346,7 +347,7 @@ def validate(cfg: TrainConfig) -> None:
     from mnistflow.runtime.cpu import check_environment
     from mnistflow.training.optim import OPTIMIZERS, SCHEDULES
 
-    if not looks_like_spec(cfg.model):
+    if check_model and not looks_like_spec(cfg.model):
         get_entry(cfg.model)  # unknown name: an error listing the known ones
 
     if cfg.optimizer not in OPTIMIZERS:

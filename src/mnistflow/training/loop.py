@@ -40,6 +40,7 @@ import torch
 from mnistflow import kernels
 from mnistflow.artifacts import checkpoint
 from mnistflow.artifacts.model_file import ModelInfo, info_from_records, save_model
+from mnistflow.artifacts.runlog import end_of_run_table
 from mnistflow.core import log
 from mnistflow.core.errors import MnistflowError, display
 from mnistflow.core.fsutil import atomic_write_text
@@ -48,19 +49,38 @@ from mnistflow.runtime import dist
 from mnistflow.runtime.cpu import set_interop_threads
 from mnistflow.runtime.device import pick_device
 from mnistflow.training import config as configmod
-from mnistflow.training.checkpointing import Interrupt, Saver, SignalHandlers, TrainingInterrupted
+from mnistflow.training.checkpointing import (
+    Interrupt,
+    Saver,
+    SignalHandlers,
+    TrainingInterrupted,
+)
 from mnistflow.training.config import TrainConfig
-from mnistflow.training.engine import LogWindow, TrainState, nonfinite, profiled, train_step
+from mnistflow.training.engine import (
+    LogWindow,
+    TrainState,
+    nonfinite,
+    profiled,
+    train_step,
+)
 from mnistflow.training.hooks import call
 from mnistflow.training.observe.console import ConsoleLogger
 from mnistflow.training.observe.finalize import FinalizeGuard
 from mnistflow.training.observe.memory import gpu_peaks_mb
 from mnistflow.training.optim import lr_factor
 from mnistflow.training.resume import Resume, data_fingerprint, truncate_metrics
-from mnistflow.training.setup import (Run, build_run, decide_run, init_from, rank_zero_observers,
-                                      resolve_config, warm_up, whiten)
+from mnistflow.training.setup import (
+    Run,
+    build_run,
+    decide_run,
+    init_from,
+    rank_zero_observers,
+    resolve_config,
+    warm_up,
+    whiten,
+)
 
-__all__ = ["fit", "train", "resolve_config", "end_of_run_table", "TrainingInterrupted"]
+__all__ = ["fit", "train", "resolve_config", "TrainingInterrupted"]
 
 
 def train(config: str | Path | None = None, **overrides) -> dict:
@@ -81,7 +101,7 @@ def fit(cfg: TrainConfig, *, model: torch.nn.Module | None = None, model_factory
     (label-smoothed) cross-entropy.
     """
     # a ready module's name is a label (its import path), not a registered model or a spec
-    configmod.validate(cfg if model is None else dataclasses.replace(cfg, model="softmax"))
+    configmod.validate(cfg, check_model=model is None)
     set_interop_threads(cfg.interop_threads)  # first: PyTorch fixes this pool at its first use
     device = pick_device(cfg.device)
     env = dist.env_info()
@@ -388,26 +408,3 @@ def _summary(run: Run, state: TrainState, clock: _Clock, wall: float, train_s: f
         "resumed_from": None if run.resume is None else str(run.resume.path),
         "checkpoint": None if checkpoint_path is None else str(checkpoint_path),
     }
-
-
-def end_of_run_table(s: dict, target: float | None) -> str:
-    """The short fixed-width table every run ends with."""
-    pct = lambda v: "-" if v is None else f"{100 * v:.2f}%"  # noqa: E731
-    rows = [("wall time", f"{s['wall_s']:.2f} s")]
-    if target is not None:
-        ttt = s["time_to_target_s"]
-        rows.append((f"time to {100 * target:.2f}%", "not reached" if ttt is None else f"{ttt:.2f} s"))
-    rows += [("throughput", f"{s['img_per_s']:,.0f} img/s ({s['train_img_per_s'] or 0:,.0f} img/s "
-                            f"in training steps)"),
-             ("data wait", pct(s["data_wait_frac"])),
-             ("peak memory", f"{s['peak_rss_mb']:,.0f} MB RSS"),
-             *([("GPU peak memory", f"{s['gpu_peak_allocated_mb']:,.0f} MB allocated, "
-                                    f"{s['gpu_peak_reserved_mb']:,.0f} MB reserved")]
-               if "gpu_peak_allocated_mb" in s else []),
-             ("val accuracy", pct(s["val_acc"])),
-             ("test accuracy", pct(s["test_acc"]) + (f" (mean of {s['tta'] + 1} shifted views)"
-                                                     if s.get("tta") and s["test_acc"] is not None else "")),
-             ("run directory", s["run_dir"])]
-    w = max(len(k) for k, _ in rows)
-    line = "-" * (w + 3 + max(len(v) for _, v in rows))
-    return "\n".join([line] + [f"{k:<{w}}   {v}" for k, v in rows] + [line])

@@ -34,14 +34,3 @@ class MetricsFile:
 
     def close(self) -> None:
         self._f.close()
-
-
-def read_metrics(path: str | Path) -> list[dict]:
-    """All records of a metrics file (a torn last line from a crash is skipped)."""
-    out = []
-    for line in Path(path).read_text().splitlines():
-        try:
-            out.append(json.loads(line))
-        except ValueError:
-            continue
-    return out

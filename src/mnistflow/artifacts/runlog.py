@@ -1,0 +1,43 @@
+"""What a run logged, read back: the records of its metrics.jsonl, and the table that sums up
+its summary.json (printed at the end of training, shown again by ``mnistflow report``)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+def read_metrics(path: str | Path) -> list[dict]:
+    """The records of a metrics.jsonl (a torn last line from a crash, or a line that is not a
+    JSON object, is skipped)."""
+    out = []
+    for line in Path(path).read_text().splitlines():
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(rec, dict):
+            out.append(rec)
+    return out
+
+
+def end_of_run_table(s: dict, target: float | None) -> str:
+    """The short fixed-width table every run ends with, from its summary."""
+    pct = lambda v: "-" if v is None else f"{100 * v:.2f}%"  # noqa: E731
+    rows = [("wall time", f"{s['wall_s']:.2f} s")]
+    if target is not None:
+        ttt = s["time_to_target_s"]
+        rows.append((f"time to {100 * target:.2f}%", "not reached" if ttt is None else f"{ttt:.2f} s"))
+    rows += [("throughput", f"{s['img_per_s']:,.0f} img/s ({s['train_img_per_s'] or 0:,.0f} img/s "
+                            f"in training steps)"),
+             ("data wait", pct(s["data_wait_frac"])),
+             ("peak memory", f"{s['peak_rss_mb']:,.0f} MB RSS"),
+             *([("GPU peak memory", f"{s['gpu_peak_allocated_mb']:,.0f} MB allocated, "
+                                    f"{s['gpu_peak_reserved_mb']:,.0f} MB reserved")]
+               if "gpu_peak_allocated_mb" in s else []),
+             ("val accuracy", pct(s["val_acc"])),
+             ("test accuracy", pct(s["test_acc"]) + (f" (mean of {s['tta'] + 1} shifted views)"
+                                                     if s.get("tta") and s["test_acc"] is not None else "")),
+             ("run directory", s["run_dir"])]
+    w = max(len(k) for k, _ in rows)
+    line = "-" * (w + 3 + max(len(v) for _, v in rows))
+    return "\n".join([line] + [f"{k:<{w}}   {v}" for k, v in rows] + [line])
