@@ -1,7 +1,10 @@
 """Images for tests: real MNIST test digits, and any array as PNG/JPEG bytes."""
 from __future__ import annotations
 
+import functools
 import io
+import struct
+import zlib
 
 import numpy as np
 
@@ -23,3 +26,20 @@ def png(a: np.ndarray, fmt: str = "PNG", **kw) -> bytes:
     buf = io.BytesIO()
     Image.fromarray(a).save(buf, fmt, **kw)
     return buf.getvalue()
+
+
+@functools.lru_cache(maxsize=None)
+def bomb_png(w: int, h: int | None = None, rows: int | None = None) -> bytes:
+    """A 1-bit PNG of zeros that declares ``w`` x ``h`` pixels (12000x12000 is ~17 KB): a
+    decompression bomb. ``rows``: store only that many rows (a refusal must come from the
+    header alone; decoding such a file would fail)."""
+    h = w if h is None else h
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    row = b"\0" * (1 + (w + 7) // 8)
+    co = zlib.compressobj(9)
+    body = b"".join(co.compress(row) for _ in range(h if rows is None else rows)) + co.flush()
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 1, 0, 0, 0, 0))
+            + chunk(b"IDAT", body) + chunk(b"IEND", b""))

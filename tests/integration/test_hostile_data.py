@@ -21,8 +21,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from helpers.cli import assert_one_line_error, run_cli
+from helpers.images import bomb_png
 
 MiB = 1 << 20
 SMALL_RSS_KB = 250 * 1024  # a failing prep needs ~35 MB; the defects took 1.5 to 6 GB
@@ -65,17 +65,6 @@ def zeros_gz(path: Path, nbytes: int) -> Path:
 def idx_gz(path: Path, shape, data: bytes, code: int = 0x08) -> None:
     head = bytes([0, 0, code, len(shape)]) + b"".join(struct.pack(">I", s) for s in shape)
     path.write_bytes(gzip.compress(head + data))
-
-
-def bomb_png(w: int, h: int) -> bytes:
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
-
-    row = b"\0" * (1 + (w + 7) // 8)
-    co = zlib.compressobj(9)
-    body = b"".join(co.compress(row) for _ in range(h)) + co.flush()
-    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 1, 0, 0, 0, 0))
-            + chunk(b"IDAT", body) + chunk(b"IEND", b""))
 
 
 def no_leftovers(parent: Path) -> list[str]:

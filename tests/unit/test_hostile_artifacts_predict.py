@@ -3,12 +3,11 @@ decompression bomb is refused from its header, before decoding, in one ``Mnistfl
 (no raw ``DecompressionBombWarning`` line), above Pillow's own hard limit too."""
 from __future__ import annotations
 
-import struct
 import warnings
-import zlib
 
 import numpy as np
 import pytest
+from helpers.images import bomb_png
 
 from mnistflow.artifacts.model_file import ModelInfo, save_model
 from mnistflow.core.errors import MnistflowError
@@ -16,17 +15,6 @@ from mnistflow.inference import predict
 from mnistflow.models import create_model
 
 INFO = ModelInfo("softmax", [1, 28, 28], [str(i) for i in range(10)], [33.0], [78.0], dataset="synthetic")
-
-
-def bomb_png(side: int, rows: int = 64) -> bytes:
-    """A 1-bit PNG of zeros that declares ``side`` x ``side`` pixels (the report's bomb_png;
-    only the first ``rows`` rows are stored: the refusal must come from the header alone)."""
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
-
-    idat = zlib.compress(b"\0" * (1 + (side + 7) // 8) * rows, 9)
-    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", side, side, 1, 0, 0, 0, 0))
-            + chunk(b"IDAT", idat) + chunk(b"IEND", b""))
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +29,7 @@ def test_a_bomb_is_refused_before_decoding(model_file, tmp_path, side, monkeypat
     from PIL import ImageFile
 
     path = tmp_path / f"bomb{side}.png"
-    path.write_bytes(bomb_png(side))
+    path.write_bytes(bomb_png(side, rows=64))
     decoded = []  # Pillow decodes pixel data in ImageFile.load: it must never run for a bomb
     load = ImageFile.ImageFile.load
     monkeypatch.setattr(ImageFile.ImageFile, "load", lambda self: decoded.append(self.size) or load(self))

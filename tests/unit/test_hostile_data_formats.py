@@ -5,7 +5,6 @@ allocated (tracemalloc sees numpy's and Python's allocations)."""
 from __future__ import annotations
 
 import contextlib
-import functools
 import gzip
 import io
 import os
@@ -19,6 +18,7 @@ import zlib
 
 import numpy as np
 import pytest
+from helpers.images import bomb_png
 
 from mnistflow.core.errors import MnistflowError
 from mnistflow.data.formats import cifar, csv, idx, npz, tfrecord
@@ -68,19 +68,6 @@ def zeros_gz(nbytes: int, level: int = 9) -> bytes:
     block = b"\0" * min(nbytes, 16 * MiB)
     out = [co.compress(block) for _ in range(nbytes // len(block))]
     return b"".join(out) + co.flush()
-
-
-@functools.lru_cache(maxsize=None)
-def bomb_png(w: int, h: int) -> bytes:
-    """A 1-bit PNG of zeros that declares w x h pixels (12000x12000 is ~17 KB)."""
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
-
-    row = b"\0" * (1 + (w + 7) // 8)
-    co = zlib.compressobj(9)
-    body = b"".join(co.compress(row) for _ in range(h)) + co.flush()
-    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 1, 0, 0, 0, 0))
-            + chunk(b"IDAT", body) + chunk(b"IEND", b""))
 
 
 def png(a: np.ndarray) -> bytes:
