@@ -7,14 +7,15 @@ import json
 import numpy as np
 import pytest
 import torch
-
 from helpers.cli import assert_one_line_error, run_cli
+
 from mnistflow.data.augment import TTA_SHIFTS, shifted
-from mnistflow.models.evaluate import tta_logits
-from mnistflow.data.loader import make_loader, normalized_batch
+from mnistflow.data.loader import make_loader
+from mnistflow.data.normalize import normalize
 from mnistflow.data.records import open_records
 from mnistflow.inference import evaluate
 from mnistflow.models import create_model
+from mnistflow.models.evaluate import tta_logits
 from mnistflow.models.whiten import whiten_first_conv
 from mnistflow.training.loop import train
 
@@ -23,7 +24,7 @@ QUIET = dict(quiet=True, threads=1, tensorboard=False)
 
 def _images(records, n=2000, split="train") -> torch.Tensor:
     rec = open_records(records)
-    return normalized_batch(rec.split(split)[0][:n], rec.mean, rec.std)
+    return normalize(rec.split(split)[0][:n], rec.mean, rec.std)
 
 
 def test_train_plus_val_is_every_labelled_image(mnist_records):

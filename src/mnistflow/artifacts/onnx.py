@@ -26,6 +26,7 @@ import torch.nn as nn
 
 from mnistflow.artifacts.model_file import META_KEY, ModelInfo, info_from_json, unwrap
 from mnistflow.core.errors import MnistflowError, import_optional
+from mnistflow.data.normalize import normalize_np
 
 
 @contextlib.contextmanager
@@ -100,9 +101,6 @@ class OnnxBackend:
     def __init__(self, sess, info: ModelInfo, path: Path | None = None):
         self.session, self.info, self.path = sess, info, path
         self.input_name = sess.get_inputs()[0].name
-        c = info.in_shape[0]
-        self._mean = np.asarray(info.mean, np.float32).reshape(1, c, 1, 1)
-        self._std = np.asarray(info.std, np.float32).reshape(1, c, 1, 1)
 
     def run(self, x: np.ndarray, batch_size: int = 1000) -> np.ndarray:
         """Logits (N, K) float32 of a normalized float32 (N, C, H, W) array, in batches."""
@@ -124,8 +122,7 @@ class OnnxBackend:
 
     def predict(self, batch: np.ndarray) -> np.ndarray:
         """uint8 images (N, H, W, C) at the model's size -> class probabilities (N, K)."""
-        x = np.ascontiguousarray(batch.transpose(0, 3, 1, 2), dtype=np.float32)
-        return _softmax(self.run((x - self._mean) / self._std))
+        return _softmax(self.run(normalize_np(batch, self.info.mean, self.info.std)))
 
 
 def _source_params(path: Path, info: ModelInfo) -> int | None:

@@ -3,7 +3,7 @@
 Two back ends: PyTorch (``TorchBackend``, any ``nn.Module``) and ONNX Runtime
 (``artifacts.onnx.OnnxBackend``). ``eval``, ``predict``, ``serve`` and ``report`` all classify
 through it, so the preprocessing (uint8 -> normalized float) is the loaders' own
-(``data.loader.normalized_batch``) everywhere.
+(``data.normalize.normalize``) everywhere.
 """
 from __future__ import annotations
 
@@ -38,9 +38,9 @@ class TorchBackend:
 
     @torch.inference_mode()
     def predict(self, batch: np.ndarray) -> np.ndarray:
-        from mnistflow.data.loader import normalized_batch
+        from mnistflow.data.normalize import normalize
 
-        x = normalized_batch(batch, self.info.mean, self.info.std, self.device)
+        x = normalize(batch, self.info.mean, self.info.std, self.device)
         return torch.softmax(self.model(x).float(), 1).cpu().numpy()
 
 

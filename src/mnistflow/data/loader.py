@@ -25,7 +25,7 @@ import torch
 
 from mnistflow.core.errors import MnistflowError
 from mnistflow.data.augment import augment_batch, skip_batches
-from mnistflow.data.normalize import Normalizer, normalize
+from mnistflow.data.normalize import Normalizer
 
 
 @dataclass
@@ -253,13 +253,6 @@ class StreamLoader(Loader):
         finally:
             stop.set()
             th.join(timeout=5)
-
-
-def normalized_batch(images: np.ndarray, mean, std, device: torch.device | str = "cpu",
-                     channels_last: bool = False) -> torch.Tensor:
-    """Deprecated name of :func:`mnistflow.data.normalize.normalize` (kept for callers that
-    have not moved yet)."""
-    return normalize(images, mean, std, device, channels_last=channels_last)
 
 
 def fits_in_memory(nbytes: int, device: torch.device) -> bool:

@@ -22,17 +22,29 @@ from mnistflow.artifacts import checkpoint
 from mnistflow.artifacts.rundir import RunDir
 from mnistflow.core.errors import MnistflowError, display
 from mnistflow.core.log import note, warn
-from mnistflow.data.loader import StreamLoader, make_loader, normalized_batch
+from mnistflow.data.loader import StreamLoader, make_loader
+from mnistflow.data.normalize import normalize
 from mnistflow.data.records import Records, open_records
 from mnistflow.models import create_model
 from mnistflow.runtime import dist
-from mnistflow.runtime.cpu import (busy_cores_elsewhere, default_threads, flush_denormals, set_threads,
-                                   threads_for_load, tune_malloc, usable_cores)
+from mnistflow.runtime.cpu import (
+    busy_cores_elsewhere,
+    default_threads,
+    flush_denormals,
+    set_threads,
+    threads_for_load,
+    tune_malloc,
+    usable_cores,
+)
 from mnistflow.runtime.device import Amp, limit_gpu_memory, pick_precision
 from mnistflow.training import config as configmod
 from mnistflow.training import resume as resumemod
 from mnistflow.training.config import TrainConfig
-from mnistflow.training.observe.memory import MemoryWatch, check_fits, estimate_training_mb
+from mnistflow.training.observe.memory import (
+    MemoryWatch,
+    check_fits,
+    estimate_training_mb,
+)
 from mnistflow.training.observe.metrics import MetricsFile
 from mnistflow.training.observe.starvation import StarvationWatch
 from mnistflow.training.observe.tensorboard import TensorBoardLogger
@@ -314,8 +326,8 @@ def whiten(run: Run) -> str:
     (the same on every rank; rank 0's weights are broadcast all the same). What was set."""
     from mnistflow.models.whiten import first_conv, whiten_first_conv
 
-    xb = normalized_batch(run.rec.split("train")[0][:WHITEN_IMAGES], run.rec.mean, run.rec.std,
-                          run.device, run.cfg.channels_last)
+    xb = normalize(run.rec.split("train")[0][:WHITEN_IMAGES], run.rec.mean, run.rec.std, run.device,
+                   channels_last=run.cfg.channels_last)
     said = whiten_first_conv(run.raw_model, xb)
     if run.info.enabled:
         for p in first_conv(run.raw_model)[1].parameters():  # weight and bias
