@@ -59,9 +59,11 @@ def test_gpu_memory_fraction_must_be_a_fraction(tmp_path, value):
 @no_gpu
 def test_gpu_memory_fraction_on_a_cpu_warns_and_trains(mnist_records, tmp_path, capsys):
     s = train(device="cpu", gpu_memory_fraction=0.5, data=str(mnist_records), run_dir=str(tmp_path / "r"),
-              **TINY)
+              **{**TINY, "quiet": False})
     assert s["steps"] == 2
-    assert "warning: --gpu-memory-fraction applies to CUDA GPUs; ignored on cpu" in capsys.readouterr().err
+    said = "--gpu-memory-fraction applies to CUDA GPUs; ignored on cpu"
+    assert f"mnistflow: warning: {said}" in capsys.readouterr().err
+    assert said in s["warnings"]  # recorded in the run's summary too (with quiet=True: only there)
 
 
 def test_threads_and_interop_threads_are_applied(mnist_records, tmp_path):

@@ -6,6 +6,8 @@ ranks, so every rank returns the whole split's numbers.
 """
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -28,17 +30,21 @@ def tta_logits(model, x: torch.Tensor, views: int) -> torch.Tensor:
 
 
 @torch.inference_mode()
-def evaluate(model: nn.Module, loader, amp: Amp, num_classes: int, *, confusion: bool = False,
-             tta: int = 0) -> dict:
+def evaluate(model: nn.Module | Callable[[torch.Tensor], torch.Tensor], loader, amp: Amp,
+             num_classes: int, *, confusion: bool = False, tta: int = 0) -> dict:
     """Loss and accuracy over the whole loader; with ``confusion``, the confusion matrix
     (rows: true class, columns: predicted) and per-class accuracy. ``tta`` > 0: predictions
     averaged over each image and that many one-pixel shifts of it (:func:`tta_logits`).
 
     A loader with ``world_size > 1`` is this rank's shard (``pad=False``: each image on one
-    rank): the sums are all-reduced, so every rank returns the whole split's numbers."""
-    was_training = model.training
-    model.eval()
-    dev = next(model.parameters()).device
+    rank): the sums are all-reduced, so every rank returns the whole split's numbers.
+
+    ``model`` may also be a plain function x -> logits (an ONNX backend runs on the CPU)."""
+    module = model if isinstance(model, nn.Module) else None
+    was_training = module is not None and module.training
+    if module is not None:
+        module.eval()
+    dev = next(module.parameters()).device if module is not None else torch.device("cpu")
     loss_sum = torch.zeros((), device=dev)
     correct = torch.zeros((), dtype=torch.int64, device=dev)
     cm = torch.zeros(num_classes * num_classes, dtype=torch.int64, device=dev) if confusion else None
@@ -52,7 +58,8 @@ def evaluate(model: nn.Module, loader, amp: Amp, num_classes: int, *, confusion:
         if cm is not None:
             cm += torch.bincount(yb * num_classes + pred, minlength=num_classes * num_classes)
         n += yb.shape[0]
-    model.train(was_training)
+    if module is not None:
+        module.train(was_training)
     ls = c = None
     if getattr(loader, "world_size", 1) > 1:  # before any early return: every rank takes part
         sums = torch.stack([loss_sum.double(), correct.double(),

@@ -69,8 +69,11 @@ def resolve_config(config: str | os.PathLike | None = None, **overrides) -> Trai
         overrides["resume"] = "latest"
     resume = overrides.get("resume") or (file or {}).get("resume")
     if resume:
+        # the run's own quiet is not known before its config is: only an explicit one silences
+        # what is said here (corrupt checkpoints skipped on the way to the newest valid one)
+        quiet = bool(overrides.get("quiet", (file or {}).get("quiet")) or overrides.get("json"))
         path, rd = resumemod.locate_resume(resume, overrides.get("run_dir") or (file or {}).get("run_dir"),
-                                           quiet=True)
+                                           quiet=quiet)
         overrides["run_dir"] = overrides.get("run_dir") or str(rd)
         if path is not None:
             given = any((d or {}).get("batch_size") is not None for d in (recipe, file, overrides))
