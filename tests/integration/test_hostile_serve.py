@@ -23,6 +23,8 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
+from helpers.serving import uvicorn_thread
+
 pytest.importorskip("uvicorn")
 
 from mnistflow.artifacts.model_file import ModelInfo  # noqa: E402
@@ -42,25 +44,10 @@ def predictor():
 @contextlib.contextmanager
 def serving(pred=None, *, hosts=LOCAL_HOSTS, **limits):
     """The real server (guarded protocol, connection cap) on a free 127.0.0.1 port; yields it."""
-    import uvicorn
-
     lim = Limits(**{**FAST, **limits})
     app = create_app(pred or predictor(), limits=lim, allowed_hosts=hosts)
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(server_config(app, lim, log_level="warning", timeout_graceful_shutdown=1))
-    t = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    t.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert t.is_alive() and time.monotonic() < deadline, "the server did not start"
-        time.sleep(0.02)
-    try:
-        yield sock.getsockname()[1]
-    finally:
-        server.should_exit = True
-        t.join(10)
-        sock.close()
+    with uvicorn_thread(server_config(app, lim, log_level="warning", timeout_graceful_shutdown=1)) as port:
+        yield port
 
 
 def post(port: int, body: bytes, headers: dict, path: str = "/api/predict") -> tuple[int, dict]:

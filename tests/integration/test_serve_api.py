@@ -7,38 +7,24 @@ from __future__ import annotations
 
 import contextlib
 import json
-import socket
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx  # the dev extra
 import numpy as np
 import pytest
-
 from helpers.cli import assert_one_line_error, run_cli, start_serve
 from helpers.images import png, real_digits
+from helpers.serving import uvicorn_thread
+
 
 @contextlib.contextmanager
 def running(app):
     """Serve ``app`` with uvicorn in a thread on a free 127.0.0.1 port; yields the base URL."""
     import uvicorn
 
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)  # TCP_NODELAY
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2))
-    t = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    t.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert t.is_alive() and time.monotonic() < deadline, "the server did not start"
-        time.sleep(0.02)
-    try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    finally:
-        server.should_exit = True
-        t.join(10)
-        sock.close()
+    with uvicorn_thread(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2)) as port:
+        yield f"http://127.0.0.1:{port}"
 
 
 @pytest.fixture(scope="module")
