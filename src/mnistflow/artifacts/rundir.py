@@ -27,6 +27,11 @@ CHECKPOINTS = "checkpoints"
 REPORT = "report"
 
 
+def _entry(name: str) -> property:
+    """A read-only attribute: the path of ``name`` inside the run directory."""
+    return property(lambda self: self.path / name, doc=f"``RUN/{name}``")
+
+
 @dataclass(frozen=True)
 class RunDir:
     """The paths of one run directory (nothing is created or read here)."""
@@ -36,37 +41,14 @@ class RunDir:
     def __init__(self, path: str | Path) -> None:
         object.__setattr__(self, "path", Path(path))
 
-    @property
-    def config(self) -> Path:
-        return self.path / CONFIG
-
-    @property
-    def metrics(self) -> Path:
-        return self.path / METRICS
-
-    @property
-    def summary(self) -> Path:
-        return self.path / SUMMARY
-
-    @property
-    def model(self) -> Path:
-        return self.path / MODEL
-
-    @property
-    def tensorboard(self) -> Path:
-        return self.path / TENSORBOARD
-
-    @property
-    def profile(self) -> Path:
-        return self.path / PROFILE
-
-    @property
-    def checkpoints(self) -> Path:
-        return self.path / CHECKPOINTS
-
-    @property
-    def report(self) -> Path:
-        return self.path / REPORT
+    config = _entry(CONFIG)
+    metrics = _entry(METRICS)
+    summary = _entry(SUMMARY)
+    model = _entry(MODEL)
+    tensorboard = _entry(TENSORBOARD)
+    profile = _entry(PROFILE)
+    checkpoints = _entry(CHECKPOINTS)
+    report = _entry(REPORT)
 
     @classmethod
     def of_checkpoint(cls, checkpoint_file: str | Path) -> "RunDir | None":
