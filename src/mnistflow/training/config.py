@@ -241,7 +241,8 @@ class TrainConfig:
         None, "model", "glob(s), comma separated, of the names --init-from restores (e.g. 'conv*')")
     tensorboard: bool = setting(True, "logging", f"write TensorBoard event files (RUN/{rundir.TENSORBOARD})")
     json: bool = setting(False, "logging", "print a JSON summary of the run as the last line")
-    quiet: bool = setting(False, "logging", "no progress lines or warnings on the console (warnings stay in summary.json)")
+    quiet: bool = setting(
+        False, "logging", "no progress lines or warnings on the console (warnings stay in summary.json)")
 
 
 def flag(name: str) -> str:
