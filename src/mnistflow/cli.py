@@ -74,7 +74,9 @@ def _add_prep(sub) -> None:
     p.add_argument("--resize", type=_size, help="resize folder/TFRecord images to HxW")
     p.add_argument("--image-key", default="image", help="TFRecord image feature name")
     p.add_argument("--label-key", default="label", help="TFRecord label feature name")
-    p.add_argument("--force", action="store_true", help="rebuild even if up to date")
+    p.add_argument("--force", action="store_true",
+                   help="rebuild even if up to date, or replace another dataset's record set at --out "
+                        "(never other files)")
     p.add_argument("--max-pixels", type=_int_in(1, MAX_INT), default=None, metavar="N",
                    help="largest picture decoded, in pixels, checked from its header before decoding "
                         "(default 16,777,216 = 4096x4096)")
@@ -492,3 +494,10 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # e.g. `mnistflow summary seed-cnn | head`: the reader left, not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
         return 141
+    except OSError as e:  # the last resort for a write the library did not wrap: disk full, ...
+        if e.errno is None and e.strerror is None:  # not the system's: a bug, keep its traceback
+            raise
+        from mnistflow.core.errors import os_error
+
+        sys.stderr.write(f"{PROG}: error: {os_error(e)}\n")  # any rank: it may be its own alone
+        return 2

@@ -5,6 +5,7 @@ Every malformed input ends as ``MnistflowError``; the CLI prints it as one line,
 """
 from __future__ import annotations
 
+import errno
 import importlib
 import os
 from pathlib import Path
@@ -22,6 +23,31 @@ class MnistflowError(Exception):
 def fail(path: str | os.PathLike | None, message: str) -> "NoReturn":  # noqa: F821
     """Raise ``MnistflowError`` for ``path``; a one-liner for the parsers."""
     raise MnistflowError(message, path)
+
+
+def os_error(e: OSError, path: str | os.PathLike | None = None) -> MnistflowError:
+    """``e`` as the one line users see: ``path`` (else the file the system named) and the
+    system's reason, e.g. ``runs/x/model.safetensors: No space left on device``. A path of
+    the wrong kind names the file that is in the way (``runs/x: is a file, not a directory``).
+    """
+    where = path if path is not None else (e.filename2 or e.filename)
+    why = e.strerror or str(e) or type(e).__name__
+    if where is not None and e.errno in (errno.EEXIST, errno.ENOTDIR):
+        blocker = _non_directory(Path(os.fsdecode(where)))  # the file used as a directory
+        if blocker is not None:
+            where = blocker
+            why = "is a file, not a directory" if blocker.is_file() else "is not a directory"
+    elif e.errno == errno.EISDIR:
+        why = "is a directory, not a file"
+    return MnistflowError(why, where)
+
+
+def _non_directory(path: Path) -> Path | None:
+    """The first existing non-directory on the way from the root down to ``path``."""
+    for p in (*reversed(path.parents), path):
+        if os.path.lexists(p) and not p.is_dir():
+            return p
+    return None
 
 
 def display(path: str | os.PathLike) -> str:

@@ -17,7 +17,8 @@ import os
 from pathlib import Path
 
 from mnistflow.data import datasets
-from mnistflow.data.records import Records, open_records, read_meta, write_records
+from mnistflow.data.records import (Records, check_replaceable, open_records, read_meta,
+                                    write_records)
 from mnistflow.data.formats.raw import RawDataset, check_regular
 from mnistflow.data.sources import detect_format, locate_known, read_known, read_source
 from mnistflow.core.paths import home
@@ -71,7 +72,9 @@ def prepare(dataset: str | None = None, data: str | Path | None = None,
             max_pixels: int | None = None) -> Path:
     """Prepare records from a known dataset name and/or a raw path; return the records dir.
 
-    Re-running with the same inputs and options is a no-op unless ``force``. ``max_pixels``
+    Re-running with the same inputs and options is a no-op unless ``force``. An existing
+    ``out`` is replaced only when it is a record set: of the same dataset, or of another with
+    ``force``; a file or a folder of other files never is. ``max_pixels``
     caps each encoded picture before it is decoded (default ``picture.MAX_PIXELS``); it does
     not change what a successful prep writes, so it is not part of the cache key.
     """
@@ -105,11 +108,13 @@ def prepare(dataset: str | None = None, data: str | Path | None = None,
                 return out
         except MnistflowError:
             pass
+    replace = force or _is_our_cache(out)
+    check_replaceable(out, name if dataset is not None else None, replace)  # before reading
     raw: RawDataset = (read_known(dataset, data) if dataset is not None
                        else read_source(data, resize=resize, tfrecord_keys=tfrecord_keys,
                                         max_pixels=max_pixels))
     write_records(raw, out, key=key, options=options, source_checksums=sums, val_size=val_size,
-                  seed=seed, variants=variants, force=force or _is_our_cache(out))
+                  seed=seed, variants=variants, force=replace)
     if not quiet:
         print(f"{out}: wrote {raw.name}: {len(raw.train.y) - val_size:,} train / {val_size:,} val"
               f" / {len(raw.test.y) if raw.test is not None else 0:,} test"

@@ -8,6 +8,9 @@
 The directory is built under a temporary name next to DIR (``.DIR.tmp-HOST-PID-*``) and
 renamed into place, so a crash never leaves a half-written record set behind; what a killed
 ``prep`` left there (its owner is gone, or it is over a day old) is removed by the next one.
+A write that fails (disk full, read-only) is one line naming DIR, with nothing left behind.
+Only a record set is ever replaced: a file or a folder of other files at DIR is refused,
+``--force`` or not, and another dataset's record set needs ``--force``.
 
 Opening checks everything before anything is used: ``meta.json`` against its own checksum
 (``meta_sha256``; record sets written before it existed are still read), every payload file
@@ -34,8 +37,8 @@ from typing import Iterator
 
 import numpy as np
 
-from mnistflow.core.errors import MnistflowError, fail
-from mnistflow.core.fsutil import sha256_file
+from mnistflow.core.errors import MnistflowError, fail, os_error
+from mnistflow.core.fsutil import dir_mode, make_dirs, remove_empty, sha256_file
 from mnistflow.data.formats.raw import MAX_CLASSES, RawDataset, check_regular, open_regular
 
 FORMAT_VERSION = 1
@@ -106,9 +109,17 @@ class Records:
 
 
 def _save_npy(folder: Path, name: str, arr: np.ndarray, checksums: dict[str, str]) -> None:
+    """``np.save``'s bytes, written by Python so that a full disk is ENOSPC (numpy's own
+    writer reports only "N requested and M written")."""
     p = folder / name
+    arr = np.ascontiguousarray(arr)
+    fmt = np.lib.format
     with open(p, "wb") as f:
-        np.save(f, np.ascontiguousarray(arr), allow_pickle=False)
+        try:
+            fmt.write_array_header_1_0(f, fmt.header_data_from_array_1_0(arr))
+        except ValueError:  # a header too long for format 1.0, as np.save would do
+            fmt.write_array_header_2_0(f, fmt.header_data_from_array_1_0(arr))
+        f.write(arr.reshape(-1).view(np.uint8).data)
         f.flush()
         os.fsync(f.fileno())
     checksums[name] = sha256_file(p)
@@ -145,19 +156,68 @@ def write_records(raw: RawDataset, out: Path, *, key: str, options: dict,
     """Write ``raw`` as a record set at ``out`` atomically; returns ``out``."""
     out = Path(out)
     tr_idx, va_idx = split_train_val(len(raw.train.y), val_size, seed)
-    parent = out.parent
-    parent.mkdir(parents=True, exist_ok=True)
-    sweep_stale(out)
+    check_replaceable(out, raw.name, force)
+    created = make_dirs(out.parent)
     with _sigterm_as_exit():
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-{_owner()}-", dir=parent))
+        tmp = None
         try:
+            sweep_stale(out)
+            tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-{_owner()}-", dir=out.parent))
+            os.chmod(tmp, dir_mode())  # mkdtemp's 0700 -> what mkdir would give
             _write(raw, out, tmp, tr_idx, va_idx, key=key, options=options,
                    source_checksums=source_checksums, val_size=val_size, seed=seed,
                    variants=variants, force=force)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
+        except BaseException as e:
+            if tmp is not None:
+                shutil.rmtree(tmp, ignore_errors=True)
+            remove_empty(created)
+            if isinstance(e, OSError):
+                raise os_error(e, out) from e
             raise
     return out
+
+
+_RECORD_FILE = re.compile(r"^(?:meta\.json|(?:train|val|test)_[xy]\.npy|train_x\.aug\d+\.npy)$")
+
+
+def is_record_set(path: Path) -> bool:
+    """A directory holding a ``meta.json`` and nothing but record files: what ``prep``
+    wrote, even if damaged, and so what it may replace (never a folder of anything else)."""
+    try:
+        names = [p.name for p in Path(path).iterdir()]
+    except OSError:
+        return False
+    return "meta.json" in names and all(_RECORD_FILE.match(n) for n in names)
+
+
+def check_replaceable(out: Path, name: str | None, force: bool) -> None:
+    """Refuse to write records at ``out`` where that would lose something: a file or a folder
+    of other files (never replaced, even with ``force``), or, unless ``force``, the record
+    set of another dataset than ``name`` (None: not known yet) or one whose metadata is
+    unreadable. Nothing there, an empty folder, or this dataset's records are fine."""
+    out = Path(out)
+    if not os.path.lexists(out):
+        return
+    if not out.is_dir():
+        fail(out, "exists and is not a directory; pick another --out for the records")
+    try:
+        empty = not any(out.iterdir())
+    except OSError as e:
+        raise os_error(e, out) from e
+    if empty:
+        return
+    if not is_record_set(out):
+        fail(out, "exists and is not a record set (it holds other files); prep replaces only "
+                  "a record set: pick another --out or empty it yourself")
+    if force or name is None:
+        return
+    try:
+        had = read_meta(out)["name"]
+    except MnistflowError as e:
+        fail(out, f"holds a record set that cannot be read ({e.detail}); --force to replace it")
+    if had != name:
+        fail(out, f"holds the records of another dataset ('{had}', not '{name}'); "
+                  f"--force to replace them, or pick another --out")
 
 
 def _write(raw: RawDataset, out: Path, tmp: Path, tr_idx: np.ndarray, va_idx: np.ndarray, *,
@@ -285,13 +345,15 @@ def _sigterm_as_exit() -> Iterator[None]:
 
 def _replace_dir(tmp: Path, out: Path, force: bool) -> None:
     """Rename ``tmp`` to ``out``; an existing ``out`` is swapped away only after success."""
-    if out.exists():
-        if not force and not (out / "meta.json").is_file() and any(out.iterdir()):
-            fail(out, "exists and is not a record set; use --force to replace it")
+    if os.path.lexists(out):
+        check_replaceable(out, None, force)  # again: something may have appeared meanwhile
         old = out.with_name(f".{out.name}.old-{_owner()}")
         os.rename(out, old)
         os.rename(tmp, out)
-        shutil.rmtree(old, ignore_errors=True)
+        if old.is_symlink():
+            old.unlink()
+        else:
+            shutil.rmtree(old, ignore_errors=True)
     else:
         os.rename(tmp, out)
     fd = os.open(out.parent, os.O_RDONLY)  # make the rename itself durable
