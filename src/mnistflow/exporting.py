@@ -29,6 +29,7 @@ from mnistflow.artifacts.onnx import OnnxBackend, quiet_exporter, session, to_on
 from mnistflow.artifacts.rundir import CHECKPOINTS, RunDir
 from mnistflow.core.errors import MnistflowError, display, import_optional
 from mnistflow.core.fsutil import atomic_write_bytes
+from mnistflow.core.progress import stages
 
 FORMATS = ("onnx", "npz", "safetensors")
 EXT = {"onnx": ".onnx", "npz": ".npz", "safetensors": ".safetensors"}
@@ -164,9 +165,17 @@ def export(model_path: str | Path, format: str, out: str | Path | None = None, o
 
 
 def _export_onnx(model, info: ModelInfo, out: Path, quantize, data, verify_images) -> dict:
+    names = ["convert to ONNX", "verify", *(["int8"] if quantize == "int8" else [])]
+    with stages(names, "export") as stage:  # a bar on a terminal: these take seconds each
+        return _export_onnx_stages(stage, model, info, out, quantize, data, verify_images)
+
+
+def _export_onnx_stages(stage, model, info: ModelInfo, out: Path, quantize, data, verify_images) -> dict:
+    stage("convert to ONNX")
     t0 = time.perf_counter()
     blob = to_onnx(model, info)
     export_s = time.perf_counter() - t0
+    stage("verify")
     x_u8, y, split = _test_images(info, data)
     if verify_images:
         x_u8, y = x_u8[:verify_images], y[:verify_images]
@@ -186,6 +195,7 @@ def _export_onnx(model, info: ModelInfo, out: Path, quantize, data, verify_image
            "n_images": len(x), "max_abs_diff": max_diff, "label_agreement": agree,
            "torch_acc": _accuracy(ref, y), "onnx_acc": _accuracy(got, y)}
     if quantize == "int8":
+        stage("int8")
         xc_u8, _, _ = _calibration_images(info, data)
         qblob = quantize_int8(blob, _normalized(xc_u8, info))
         qout = out.with_name(out.name[: -len(".onnx")] + ".int8.onnx") if out.name.endswith(".onnx") \

@@ -6,7 +6,8 @@ Every warning or note mnistflow prints goes through :func:`warn` or :func:`note`
 * a library user's own logging configuration controls them (``logging.getLogger("mnistflow")``),
   and ``quiet=True`` silences them (:func:`quiet`);
 * under torchrun only rank 0 emits them (the other ranks would repeat every line);
-* a run records every warning it emitted (:func:`recording`) in its ``summary.json``.
+* a run records every warning it emitted (:func:`recording`) in its ``summary.json``;
+* a line never runs through a progress bar (``core.progress``): it is printed above it.
 """
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ import logging
 import os
 import sys
 from typing import Iterator
+
+from mnistflow.core.progress import above_bars
 
 LOGGER = logging.getLogger("mnistflow")
 _records: list[list[str]] = []  # a stack: one list per open ``recording()``
@@ -49,6 +52,10 @@ class _Stderr(logging.StreamHandler):
     @stream.setter
     def stream(self, _value) -> None:
         pass
+
+    def emit(self, record: logging.LogRecord) -> None:
+        with above_bars(self.stream):  # a progress bar showing: the line goes above it
+            super().emit(record)
 
 
 class _RankZero(logging.Filter):

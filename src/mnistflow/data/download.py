@@ -4,8 +4,9 @@ Mirrors are tried in order, ``$MNISTFLOW_MIRROR`` (a base URL) first when set. E
 streams to ``<dest>/<file>.part``, is checked (size against Content-Length, md5 against the
 published sum -- or, for a re-compressed .gz, the md5 of its content), fsynced, and renamed
 into place. A failure never leaves a ``.part`` behind. With no mirror reachable the error
-is one line saying which files to fetch by hand and where to put them. Progress: one
-stderr line per file downloaded (none on failure, so that the error stays one line).
+is one line saying which files to fetch by hand and where to put them. Progress: a bar per
+file on a terminal (bytes, rate, ETA; erased when done), and one stderr line per file
+downloaded (none on failure, so that the error stays one line).
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import zlib
 from pathlib import Path
 
 from mnistflow.core.errors import MnistflowError, fail
+from mnistflow.core.progress import progress, write
 from mnistflow.data.datasets import KnownDataset, RemoteFile
 
 TIMEOUT = 30.0  # seconds without progress before a mirror counts as failed
@@ -80,7 +82,7 @@ def _download(url: str, part: Path) -> str:
             out = open(part, "wb")
         except OSError as e:
             fail(part, f"cannot write ({e.strerror or e})")
-        with out:
+        with out, progress(expected, url.rsplit("/", 1)[-1], "B", unit_scale=True) as bar:
             while True:
                 try:
                     chunk = resp.read(_CHUNK)
@@ -91,6 +93,7 @@ def _download(url: str, part: Path) -> str:
                     break
                 h.update(chunk)
                 got += len(chunk)
+                bar.update(len(chunk))
                 try:
                     out.write(chunk)
                 except OSError as e:
@@ -133,8 +136,7 @@ def _fetch_file(f: RemoteFile, mirrors: list[str], dest: Path) -> tuple[list[str
             size = part.stat().st_size
             os.replace(part, final)
             _fsync_dir(dest)
-            print(f"mnistflow: downloaded {url} ({size / 1e6:.1f} MB, checksum OK)",
-                  file=sys.stderr, flush=True)
+            write(f"mnistflow: downloaded {url} ({size / 1e6:.1f} MB, checksum OK)", sys.stderr)
             return [], []
         except _Unreachable as e:
             unreachable.append(f"{url}: {e}")

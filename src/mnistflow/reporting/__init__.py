@@ -22,6 +22,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from mnistflow.artifacts.rundir import RunDir
+from mnistflow.core.progress import stages
 from mnistflow.reporting.page import HTML_FILE, render_html
 from mnistflow.reporting.plots import (
     COMPARE_SIZE,
@@ -50,14 +51,21 @@ def build_report(run_dir: str | Path, out: str | Path | None = None, compare=(),
     run = load_run(run_dir)
     compared = [load_run(c) for c in compare]
     mpl = require_matplotlib()  # fail on a missing matplotlib before the model runs
-    res = predict_split(run_dir, data=data, device=device, threads=threads)
-    with mpl.rc_context({"font.size": 10, "axes.spines.top": False, "axes.spines.right": False}):
-        pngs = {"loss.png": plot_curve(run, "loss"), "accuracy.png": plot_curve(run, "acc"),
-                "lr.png": plot_lr(run), "throughput.png": plot_throughput(run),
-                "confusion.png": plot_confusion(res), "misclassified.png": plot_misclassified(res),
-                "per_class.png": plot_per_class(res)}
-        if compared:
-            pngs["compare.png"] = plot_compare([run, *compared])
+    # each PNG drawn when its turn comes (``res``, the predictions, is made first, below)
+    plots = {"loss.png": lambda: plot_curve(run, "loss"), "accuracy.png": lambda: plot_curve(run, "acc"),
+             "lr.png": lambda: plot_lr(run), "throughput.png": lambda: plot_throughput(run),
+             "confusion.png": lambda: plot_confusion(res), "misclassified.png": lambda: plot_misclassified(res),
+             "per_class.png": lambda: plot_per_class(res)}
+    if compared:
+        plots["compare.png"] = lambda: plot_compare([run, *compared])
+    with stages(["predictions", *plots], "report") as stage:  # a bar on a terminal
+        stage("predictions")
+        res = predict_split(run_dir, data=data, device=device, threads=threads)
+        pngs = {}
+        with mpl.rc_context({"font.size": 10, "axes.spines.top": False, "axes.spines.right": False}):
+            for name, plot in plots.items():
+                stage(name)
+                pngs[name] = plot()
     folder = Path(out) if out is not None else RunDir(run.path).report
     written = []
     for name, png in pngs.items():

@@ -4,10 +4,15 @@ memory, and a breakdown of the step (from the named ranges of ``training.engine.
 from __future__ import annotations
 
 import json
+import os
+import socket
+import time
 from pathlib import Path
 
 import torch
 from torch.profiler import ProfilerActivity, profile, schedule
+
+from mnistflow.core.fsutil import atomic_write_bytes, atomic_write_text
 
 PHASES = ("data", "forward", "backward", "optimizer", "sync", "logging", "step_hooks")
 PHASE_LABELS = {"data": "data (next batch)", "forward": "forward", "backward": "backward",
@@ -44,15 +49,11 @@ class ProfilerHook:
         self.prof.__enter__()
 
     def _ready(self, prof) -> None:
-        prof.export_chrome_trace(str(self.out / "trace.json"))
-        try:
-            from torch.profiler import tensorboard_trace_handler
-
-            tensorboard_trace_handler(str(self.out / "tb"))(prof)
-        except Exception:  # the TensorBoard plugin files are optional
-            pass
-        self.report = op_tables(prof) + "\n\n" + format_breakdown(step_breakdown(self.out / "trace.json"))
-        (self.out / "report.txt").write_text(self.report + "\n")
+        trace = self.out / "trace.json"
+        prof.export_chrome_trace(str(trace))  # kineto saves a trace once: the copy below is the other
+        tensorboard_copy(trace, self.out / "tb")
+        self.report = op_tables(prof) + "\n\n" + format_breakdown(step_breakdown(trace))
+        atomic_write_text(self.out / "report.txt", self.report + "\n")
         self.done = True
 
     def step(self, step: int) -> None:
@@ -70,10 +71,20 @@ class ProfilerHook:
                 pass
 
 
+def tensorboard_copy(trace: Path, tb_dir: Path) -> Path:
+    """The Chrome trace where TensorBoard's PyTorch profiler plugin looks for it:
+    ``tb/<host>_<pid>.<ns>.pt.trace.json``, the name ``torch.profiler.tensorboard_trace_handler``
+    gives. A copy, because a profile can be exported once only (a second export raises)."""
+    tb_dir.mkdir(parents=True, exist_ok=True)
+    dest = tb_dir / f"{socket.gethostname()}_{os.getpid()}.{time.time_ns()}.pt.trace.json"
+    atomic_write_bytes(dest, trace.read_bytes())
+    return dest
+
+
 def op_tables(prof, top: int = 20) -> str:
     ka = prof.key_averages()
-    return ("ops by self time (top %d)\n" % top + ka.table(sort_by="self_cpu_time_total", row_limit=top)
-            + "\nops by memory (top %d)\n" % top + ka.table(sort_by="self_cpu_memory_usage", row_limit=top))
+    return (f"ops by self time (top {top})\n" + ka.table(sort_by="self_cpu_time_total", row_limit=top)
+            + f"\nops by memory (top {top})\n" + ka.table(sort_by="self_cpu_memory_usage", row_limit=top))
 
 
 def step_breakdown(trace_path: str | Path) -> dict:

@@ -5,7 +5,12 @@ hook returned is written under its own name (no prefix), at its step.
 """
 from __future__ import annotations
 
+import contextlib
+import io
+import warnings
 from pathlib import Path
+
+import torch
 
 from mnistflow.core.log import warn
 
@@ -61,16 +66,47 @@ class TensorBoardLogger:
         if w is not None:
             self._extras(w, logs["step"], logs, {"epoch", "step"})
 
-    def add_graph(self, model, example) -> None:
+    def add_graph(self, model: torch.nn.Module, example: torch.Tensor) -> None:
+        """The model's graph (traced on ``example``), written silently: the tracer's warnings are
+        caught, and a model that cannot be traced costs one warning line, not the trace."""
         w = self.writer
         if w is None:
             return
         try:
-            w.add_graph(model, example)
+            w._get_file_writer().add_graph(graph_def(model, example))
         except Exception as e:  # tracing is best effort: a model with data-dependent control flow
-            warn(f"model graph not written to TensorBoard ({e})")
+            first = (str(e).strip().splitlines() or [""])[0][:200]
+            warn(f"model graph not written to TensorBoard ({type(e).__name__}: {first})")
 
     def close(self) -> None:
         if self._w is not None:
             self._w.flush()
             self._w.close()
+
+
+def graph_def(model: torch.nn.Module, example: torch.Tensor):
+    """``(GraphDef, RunMetadata)`` of ``model`` traced on ``example``, as ``SummaryWriter.add_graph``
+    makes it, minus its noise: ``torch.jit.trace``'s re-trace check is off (it fails on models
+    whose submodule types the tracer renames on a second trace, ``fast`` among them, though the
+    graphs are the same) and its warnings (a shape read as a Python number, expected in the
+    native kernels' dispatch tests) are caught, not printed."""
+    from tensorboard.compat.proto.config_pb2 import RunMetadata
+    from tensorboard.compat.proto.graph_pb2 import GraphDef
+    from tensorboard.compat.proto.step_stats_pb2 import DeviceStepStats, StepStats
+    from tensorboard.compat.proto.versions_pb2 import VersionDef
+    from torch.utils.tensorboard._pytorch_graph import parse
+
+    was = model.training
+    model.eval()
+    try:
+        with warnings.catch_warnings(record=True), torch.no_grad(), \
+                contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            warnings.simplefilter("always")  # recorded here (and dropped), never printed
+            trace = torch.jit.trace(model, example, check_trace=False)
+            graph = trace.graph
+            torch._C._jit_pass_inline(graph)
+            nodes = parse(graph, trace, (example,))
+    finally:
+        model.train(was)
+    stats = RunMetadata(step_stats=StepStats(dev_stats=[DeviceStepStats(device="/device:CPU:0")]))
+    return GraphDef(node=nodes, versions=VersionDef(producer=22)), stats  # producer: as add_graph
