@@ -248,6 +248,9 @@ def _run_train(a) -> int:
     try:
         train(a.config, **given)
     except TrainingInterrupted as e:  # a checkpoint was saved: 130 (SIGINT) / 143 (SIGTERM)
+        from mnistflow.core import progress
+
+        progress.close_all()
         sys.stderr.write(f"{PROG}: {e}\n")
         return e.exit_code
     return 0
@@ -482,8 +485,14 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser(argv).parse_args(argv)
+    from mnistflow.core import progress
+
     try:
-        return int(args.func(args) or 0)
+        with progress.quiet(bool(getattr(args, "json", False) or getattr(args, "quiet", False))):
+            try:
+                return int(args.func(args) or 0)
+            finally:
+                progress.close_all()  # no bar left under an error or interrupt line
     except MnistflowError as e:
         if os.environ.get("RANK", "0") == "0":  # under torchrun every rank raises it: print it once
             sys.stderr.write(f"{PROG}: error: {e}\n")

@@ -22,6 +22,7 @@ from mnistflow.data.records import (Records, check_replaceable, open_records, re
 from mnistflow.data.formats.raw import RawDataset, check_regular
 from mnistflow.data.sources import detect_format, locate_known, read_known, read_source
 from mnistflow.core.paths import home
+from mnistflow.core.progress import stages, write
 from mnistflow.core.fsutil import sha256_file
 from mnistflow.core.errors import MnistflowError
 
@@ -90,31 +91,35 @@ def prepare(dataset: str | None = None, data: str | Path | None = None,
     options = {"val_size": val_size, "seed": seed, "variants": variants,
                "resize": list(resize) if resize else None, "tfrecord_keys": list(tfrecord_keys)}
     base = data if data is not None and data.is_dir() else (files[0].parent)
-    sums = {}
-    for f in files:
-        check_regular(f)  # a FIFO would block the hash (and the reader) forever
-        try:
-            rel = str(f.relative_to(base))
-        except ValueError:
-            rel = f.name
-        sums[rel] = sha256_file(f)
-    key = hashlib.sha256(json.dumps([name, sums, options], sort_keys=True).encode()).hexdigest()
-    out = Path(out) if out is not None else home() / "records" / f"{name}-{key[:12]}"
-    if out.is_dir() and (out / "meta.json").is_file() and not force:
-        try:
-            if read_meta(out).get("key") == key:
-                if not quiet:
-                    print(f"{out}: up to date (same inputs and options; --force to rebuild)")
-                return out
-        except MnistflowError:
-            pass
-    replace = force or _is_our_cache(out)
-    check_replaceable(out, name if dataset is not None else None, replace)  # before reading
-    raw: RawDataset = (read_known(dataset, data) if dataset is not None
-                       else read_source(data, resize=resize, tfrecord_keys=tfrecord_keys,
-                                        max_pixels=max_pixels))
-    write_records(raw, out, key=key, options=options, source_checksums=sums, val_size=val_size,
-                  seed=seed, variants=variants, force=replace)
+    with stages(["checksums", "read", "write"], "prep", enabled=not quiet) as stage:
+        stage("checksums")
+        sums = {}
+        for f in files:
+            check_regular(f)  # a FIFO would block the hash (and the reader) forever
+            try:
+                rel = str(f.relative_to(base))
+            except ValueError:
+                rel = f.name
+            sums[rel] = sha256_file(f)
+        key = hashlib.sha256(json.dumps([name, sums, options], sort_keys=True).encode()).hexdigest()
+        out = Path(out) if out is not None else home() / "records" / f"{name}-{key[:12]}"
+        if out.is_dir() and (out / "meta.json").is_file() and not force:
+            try:
+                if read_meta(out).get("key") == key:
+                    if not quiet:
+                        write(f"{out}: up to date (same inputs and options; --force to rebuild)")
+                    return out
+            except MnistflowError:
+                pass
+        replace = force or _is_our_cache(out)
+        check_replaceable(out, name if dataset is not None else None, replace)  # before reading
+        stage("read")
+        raw: RawDataset = (read_known(dataset, data) if dataset is not None
+                           else read_source(data, resize=resize, tfrecord_keys=tfrecord_keys,
+                                            max_pixels=max_pixels))
+        stage("write")
+        write_records(raw, out, key=key, options=options, source_checksums=sums, val_size=val_size,
+                      seed=seed, variants=variants, force=replace)
     if not quiet:
         print(f"{out}: wrote {raw.name}: {len(raw.train.y) - val_size:,} train / {val_size:,} val"
               f" / {len(raw.test.y) if raw.test is not None else 0:,} test"
