@@ -10,9 +10,15 @@ Output shapes come from forward hooks on one input of the given size (batch dime
 out). Multiply-accumulates are counted for convolutions and fully connected layers from
 their shapes: conv = output elements x (in_channels / groups) x kh x kw, linear = output
 elements x in_features; other layers (activations, pooling, batch norm) count 0.
+
+A model is never built larger than memory allows: a layer spec is planned on the ``meta``
+device when it could be large (``models.spec``), and so is any model for an input above
+3x64x64 (``mnistflow summary seed-cnn --input 4096x4096`` holds 69 billion weights): one that
+needs more than the available memory is one line ``mnistflow: error: ...``, nothing allocated.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -151,7 +157,7 @@ def variables_table(model: nn.Module, all_variables: bool = False) -> list[str]:
 
 
 def _resolve(model_or_path, input_size, channels, num_classes) -> tuple[nn.Module, tuple, str]:
-    from mnistflow.models import create_model, get_entry
+    from mnistflow.models import get_entry
     from mnistflow.models.spec import looks_like_spec
 
     h, w = _size(input_size) if input_size is not None else (None, None)
@@ -169,7 +175,7 @@ def _resolve(model_or_path, input_size, channels, num_classes) -> tuple[nn.Modul
         c0, h0, w0 = info.in_shape
         shape = (channels or c0, h or h0, w or w0)
         if shape[0] != c0:  # another channel count: the architecture, from its name
-            model = create_model(info.model, shape, info.num_classes)
+            model = _create(info.model, shape, info.num_classes)
         elif isinstance(model, OnnxBackend):  # the layers of the model it was exported from
             model = build_model(info, p)
         return unwrap(model), shape, f"{info.model} ({p})"
@@ -180,7 +186,36 @@ def _resolve(model_or_path, input_size, channels, num_classes) -> tuple[nn.Modul
             raise MnistflowError(f"'{text}' is neither a file, a run directory, a registered model "
                                  "nor a layer spec") from None
     shape = (channels or 1, h or 28, w or 28)
-    return create_model(text, shape, num_classes or 10), shape, text
+    return _create(text, shape, num_classes or 10), shape, text
+
+
+# Inputs up to this many values are built directly (as ``mnistflow models`` does): planning on
+# the meta device costs ~2 s of one-time imports, and no registered model is large at this size.
+META_ABOVE = 3 * 64 * 64
+
+
+def _create(name: str, shape: tuple[int, int, int], classes: int) -> nn.Module:
+    """``create_model``, refused in one line (before anything is allocated) when the model's
+    weights and one picture's activations would not fit in the available memory."""
+    from mnistflow.models import create_model
+    from mnistflow.models.spec import check_memory
+
+    if math.prod(shape) > META_ABOVE:
+        try:
+            with torch.device("meta"):
+                planned = create_model(name, shape, classes)
+        except MnistflowError:
+            raise
+        except Exception:  # noqa: BLE001 -- it computes values while it is built: not plannable
+            planned = None
+        if planned is not None:
+            try:
+                outs = [math.prod(r.shape) for r in layer_table(planned, shape) if r.shape]
+            except (MnistflowError, NotImplementedError, RuntimeError):  # an op meta lacks
+                outs = []
+            check_memory(planned, f"model '{name}' for a {'x'.join(map(str, shape))} input",
+                         2 * 4 * max(outs, default=0))
+    return create_model(name, shape, classes)
 
 
 def _size(v) -> tuple[int, int]:

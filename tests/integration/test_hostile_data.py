@@ -14,7 +14,6 @@ import struct
 import subprocess
 import sys
 import tarfile
-import tempfile
 import time
 import zlib
 from pathlib import Path
@@ -23,41 +22,17 @@ import numpy as np
 import pytest
 from helpers.cli import assert_one_line_error, run_cli
 from helpers.images import bomb_png
+from helpers.memory import run_measured
 
 MiB = 1 << 20
 SMALL_RSS_KB = 250 * 1024  # a failing prep needs ~35 MB; the defects took 1.5 to 6 GB
-
-
-# The child reports its own peak (VmHWM of its own memory map: rusage's ru_maxrss would
-# include the parent's size at the fork, whatever this test process holds).
-_MEASURED = """
-import atexit, os, runpy, sys
-def _report():
-    with open('/proc/self/status') as f:
-        hwm = next(ln for ln in f if ln.startswith('VmHWM:')).split()[1]
-    with open(os.environ['MNISTFLOW_TEST_HWM'], 'w') as f:
-        f.write(hwm)
-atexit.register(_report)
-sys.argv = ['mnistflow', *sys.argv[1:]]
-runpy.run_module('mnistflow', run_name='__main__', alter_sys=True)
-"""
-
-
-def run_measured(*args: str, timeout: float = 120) -> tuple[subprocess.CompletedProcess, int]:
-    """``mnistflow ARGS`` in a subprocess, and its peak resident memory in KB."""
-    with tempfile.TemporaryDirectory() as tmp:
-        hwm = Path(tmp) / "hwm"
-        proc = subprocess.run([sys.executable, "-c", _MEASURED, *args], capture_output=True, text=True,
-                              timeout=timeout, env={**os.environ, "MNISTFLOW_TEST_HWM": str(hwm)})
-        return proc, int(hwm.read_text())
 
 
 def zeros_gz(path: Path, nbytes: int) -> Path:
     co = zlib.compressobj(1, zlib.DEFLATED, 31)
     block = b"\0" * (16 * MiB)
     with open(path, "wb") as f:
-        for _ in range(nbytes // len(block)):
-            f.write(co.compress(block))
+        f.writelines(co.compress(block) for _ in range(nbytes // len(block)))
         f.write(co.flush())
     return path
 
@@ -126,8 +101,7 @@ def test_d4_csv_gzip_with_a_huge_line_is_not_inflated(tmp_path):
     co = zlib.compressobj(1, zlib.DEFLATED, 31)
     with open(p, "wb") as f:
         f.write(co.compress(b"1,"))
-        for _ in range(16):
-            f.write(co.compress(b"0," * (8 * MiB)))  # 256 MiB on one line
+        f.writelines(co.compress(b"0," * (8 * MiB)) for _ in range(16))  # 256 MiB on one line
         f.write(co.compress(b"0\n") + co.flush())
     proc, rss = run_measured("prep", "--data", str(p), "--out", str(tmp_path / "o"))
     assert_one_line_error(proc, "huge.csv.gz", "line 1 is longer than")

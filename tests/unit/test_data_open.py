@@ -34,6 +34,19 @@ def test_raw_input_is_prepared_into_the_cache_once(tmp_path):
     assert open_data(src, val_size=60).path != rec.path  # other options: other records
 
 
+def test_a_small_raw_set_gets_a_validation_split_that_fits(tmp_path, monkeypatch):
+    """Minor finding: `eval --data small.csv` failed on a --val-size of 5000 that eval has no
+    flag for. Without one, a set smaller than 50,000 holds out a tenth."""
+    monkeypatch.setenv("MNISTFLOW_HOME", str(tmp_path / "home"))
+    x, y = digits(50, seed=1)
+    src = tmp_path / "small.npz"
+    np.savez(src, x_train=x[..., 0], y_train=y)
+    rec = open_data(src)
+    assert (rec.size("train"), rec.size("val")) == (45, 5)
+    with pytest.raises(MnistflowError, match="--val-size 60 must be in 0..49"):
+        open_data(src, val_size=60)  # an explicit value is still checked
+
+
 def test_a_model_s_records_are_the_fallback(synthetic_records, tmp_path):
     assert open_data(None, fallback=str(synthetic_records)).path == Path(synthetic_records)
     with pytest.raises(MnistflowError, match="training records are gone; pass --data"):

@@ -242,3 +242,25 @@ def test_onnx_bad_files_are_one_error(tmp_path, kw, fragment):
     with pytest.raises(MnistflowError) as e:
         load_any(path)
     assert fragment in str(e.value), str(e.value)
+
+
+def test_npz_without_metadata_says_what_predict_and_serve_can_use(tmp_path):
+    """Minor finding: predict/serve told the user to pass --data, which they do not have."""
+    path = tmp_path / "plain.npz"
+    np.savez(path, **{k: v.numpy() for k, v in _weights().items()})
+    with pytest.raises(MnistflowError) as e:
+        load_any(path)
+    msg = str(e.value)
+    assert "use an npz written by 'mnistflow export'" in msg and "eval --model NAME --data RECORDS" in msg, msg
+
+
+def test_onnx_metadata_that_is_not_utf8_is_one_error(tmp_path):
+    """Found by the fuzz hunt: onnxruntime raised UnicodeDecodeError on metadata bytes that are
+    not UTF-8 (protobuf strings are not checked when the file is parsed)."""
+    path = tmp_path / "m.onnx"
+    _onnx(path, "@@@@@@@@")
+    data = path.read_bytes()
+    assert data.count(b"@@@@@@@@") == 1
+    path.write_bytes(data.replace(b"@@@@@@@@", b"\xff\xfe\xfd\xfc\xff\xfe\xfd\xfc"))
+    with pytest.raises(MnistflowError, match="ONNX model metadata is not UTF-8 text"):
+        load_any(path)

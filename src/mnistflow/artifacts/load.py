@@ -51,8 +51,9 @@ def _npz_model(p: Path, model_name: str | None, device, data) -> tuple[nn.Module
     arrays, info = read_npz(p)
     if info is None:
         if not model_name or data is None:
-            raise MnistflowError("npz has no mnistflow metadata: pass the model name (--model) "
-                                 "and the records it was trained on (--data)", p)
+            raise MnistflowError("npz has no mnistflow metadata: use an npz written by 'mnistflow "
+                                 "export', or pass the model name and its records (eval --model NAME "
+                                 "--data RECORDS)", p)
         from mnistflow.data import open_data
 
         info = info_from_records(model_name, open_data(data))

@@ -215,7 +215,10 @@ def load_onnx(path: str | Path, threads: int | None = None) -> tuple[OnnxBackend
     p = Path(path)
     check_onnx_file(p)
     sess = session(p, threads)
-    meta = sess.get_modelmeta().custom_metadata_map
+    try:
+        meta = sess.get_modelmeta().custom_metadata_map
+    except UnicodeDecodeError:  # found by fuzzing: protobuf strings are not checked on load
+        raise MnistflowError("ONNX model metadata is not UTF-8 text", p) from None
     if META_KEY not in meta:
         raise MnistflowError("ONNX model has no mnistflow metadata (export it with "
                              "'mnistflow export --format onnx')", p)

@@ -67,7 +67,7 @@ def _resolve_input(dataset: str | None, data: Path | None) -> tuple[str | None, 
 
 
 def prepare(dataset: str | None = None, data: str | Path | None = None,
-            out: str | Path | None = None, *, val_size: int = 5000, seed: int = 0,
+            out: str | Path | None = None, *, val_size: int | None = None, seed: int = 0,
             variants: int = 0, resize: tuple[int, int] | None = None, force: bool = False,
             tfrecord_keys: tuple[str, str] = ("image", "label"), quiet: bool = False,
             max_pixels: int | None = None) -> Path:
@@ -78,6 +78,7 @@ def prepare(dataset: str | None = None, data: str | Path | None = None,
     ``force``; a file or a folder of other files never is. ``max_pixels``
     caps each encoded picture before it is decoded (default ``picture.MAX_PIXELS``); it does
     not change what a successful prep writes, so it is not part of the cache key.
+    ``val_size`` (images held out of train) defaults to 5000, or a tenth of a smaller set.
     """
     data = Path(data) if data is not None else None
     dataset, data = _resolve_input(dataset, data)
@@ -117,6 +118,8 @@ def prepare(dataset: str | None = None, data: str | Path | None = None,
         raw: RawDataset = (read_known(dataset, data) if dataset is not None
                            else read_source(data, resize=resize, tfrecord_keys=tfrecord_keys,
                                             max_pixels=max_pixels))
+        if val_size is None:  # 5000 for the MNIST family; a tenth of a small set
+            val_size = min(5000, len(raw.train.y) // 10)
         stage("write")
         write_records(raw, out, key=key, options=options, source_checksums=sums, val_size=val_size,
                       seed=seed, variants=variants, force=replace)

@@ -8,11 +8,18 @@ Tokens (comma separated; options after '-'):
   fc<N>[-relu|-sigmoid|-tanh]   (flattens first when needed)
   dropout<P>, bn, relu, sigmoid, tanh, flatten, gap (global average pool)
 A classifier ``fc<num_classes>`` is appended when the spec does not end in an fc layer.
+
+A spec is planned on the ``meta`` device before it is built (``check_memory``): one whose
+parameters and one picture's activations need more memory than the machine has available
+(``fc100000000``: 78 billion parameters, 292 GiB) is refused in one line before anything is
+allocated, whichever verb builds it (train, summary, eval of a file naming it).
 """
 from __future__ import annotations
 
+import math
 import re
 
+import torch
 import torch.nn as nn
 
 from mnistflow.core.errors import MnistflowError
@@ -54,7 +61,7 @@ def _layer(token: str, shape: tuple[int, ...], spec: str) -> list[tuple[str, nn.
     elif m := _FC.match(head):
         if len(shape) != 1:
             out.append(("flatten", nn.Flatten()))
-            shape = (int(__import__("math").prod(shape)),)
+            shape = (int(math.prod(shape)),)
         out.append(("fc", nn.Linear(shape[0], int(m.group(1)))))
     elif m := _DROP.match(head):
         out.append(("dropout", Dropout(float(m.group(1)))))
@@ -83,9 +90,89 @@ def _pool_before_relu(layers: list[tuple[str, nn.Module]]) -> list[tuple[str, nn
     return out
 
 
+def available_bytes() -> int:
+    """Memory the machine can give this process now without swapping."""
+    import psutil
+
+    return int(psutil.virtual_memory().available)
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:,.1f} GiB" if n >= 2**30 else f"{n / 2**20:,.1f} MiB"
+
+
+def model_bytes(model: nn.Module) -> int:
+    """Bytes of ``model``'s parameters and buffers (works on the ``meta`` device)."""
+    return sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
+
+
+def check_memory(planned: nn.Module, what: str, activation_bytes: int = 0) -> None:
+    """Refuse to build ``planned`` (a model made on the ``meta`` device) for real when its
+    parameters, buffers and ``activation_bytes`` need more memory than is available."""
+    weights = model_bytes(planned)
+    need = weights + activation_bytes
+    have = available_bytes()
+    if need > have:
+        params = sum(p.numel() for p in planned.parameters())
+        raise MnistflowError(f"{what} needs {params:,} parameters ({_gib(weights)}"
+                             + (f", plus {_gib(activation_bytes)} of activations" if activation_bytes else "")
+                             + f"), more than the {_gib(have)} of memory available: refusing to build it")
+
+
+def on_meta() -> bool:
+    """Whether new tensors go to the ``meta`` device (inside ``with torch.device("meta")``)."""
+    return torch.empty(0).device.type == "meta"
+
+
 def build_from_spec(spec: str, in_shape: tuple[int, int, int], num_classes: int) -> nn.Sequential:
-    """An ``nn.Sequential`` with layers named like ``conv1``, ``maxpool1``, ``fc2``."""
+    """An ``nn.Sequential`` with layers named like ``conv1``, ``maxpool1``, ``fc2``; planned
+    on the ``meta`` device first and refused there if it cannot fit in memory."""
+    if not on_meta() and upper_bound_bytes(spec, in_shape, num_classes) > PLAN_ABOVE:
+        with torch.device("meta"):
+            planned, peak = _build(spec, in_shape, num_classes)
+        # building runs one picture through each layer (out_shape): its input and output
+        check_memory(planned, f"model spec '{spec}'", 2 * 4 * peak)
+    return _build(spec, in_shape, num_classes)[0]
+
+
+# Specs whose upper bound is at most this are built directly: planning on ``meta`` costs ~2 s
+# of one-time imports (its first forward), which every run would pay for nothing.
+PLAN_ABOVE = 1 << 30
+
+
+def upper_bound_bytes(spec: str, in_shape: tuple[int, int, int], num_classes: int) -> int:
+    """An upper bound, from the tokens alone (no torch), on the float32 bytes of the spec's
+    parameters plus one picture's largest activation: no layer of the spec language makes a
+    picture larger than the input's H x W, so each layer is costed at that size. Tokens it
+    cannot read cost nothing here (building reports them)."""
+    c, h, w = (int(v) for v in in_shape)
+    hw = h * w
+    flat: int | None = None  # features after a flatten, None while still a picture
+    params, peak = 0, c * hw
+    for token in (t.strip() for t in spec.split(",") if t.strip()):
+        head, *opts = token.split("-")
+        if m := _CONV.match(head):
+            k, out = int(m.group(1)), int(m.group(3))
+            params += c * out * k * k + out + (4 * out if "bn" in opts else 0)
+            c, flat = out, None
+        elif m := _FC.match(head):
+            n = int(m.group(1))
+            params += (flat if flat is not None else c * hw) * n + n
+            flat = n
+        elif head == "bn":
+            params += 4 * (flat if flat is not None else c)
+        elif head in ("flatten", "gap"):
+            flat = c * hw if head == "flatten" else c
+        peak = max(peak, flat if flat is not None else c * hw)
+    if flat is None or not _FC.match(spec.split(",")[-1].strip().split("-")[0]):
+        params += (flat if flat is not None else c * hw) * num_classes + num_classes
+    return 4 * (params + 2 * peak)
+
+
+def _build(spec: str, in_shape: tuple[int, int, int], num_classes: int) -> tuple[nn.Sequential, int]:
+    """(the model, the most values one layer's output holds for one picture)."""
     shape: tuple[int, ...] = tuple(in_shape)
+    peak = math.prod(shape)
     model = nn.Sequential()
     counts: dict[str, int] = {}
     tokens = [t.strip() for t in spec.split(",") if t.strip()]
@@ -101,15 +188,16 @@ def build_from_spec(spec: str, in_shape: tuple[int, int, int], num_classes: int)
             except RuntimeError as e:
                 raise MnistflowError(f"model spec '{spec}': '{token}' does not fit input "
                                      f"{shape} ({str(e).splitlines()[0]})") from None
+            peak = max(peak, math.prod(shape))
     for name, layer in _pool_before_relu(layers):
         model.add_module(name, layer)
     if not isinstance(model[-1], nn.Linear):
         if len(shape) != 1:
             model.add_module("flatten_out", nn.Flatten())
-            shape = (int(__import__("math").prod(shape)),)
+            shape = (int(math.prod(shape)),)
         model.add_module("classifier", nn.Linear(shape[0], num_classes))
         shape = (num_classes,)
     if shape != (num_classes,):
         raise MnistflowError(f"model spec '{spec}' ends with {shape[0]} outputs but the data has "
                              f"{num_classes} classes")
-    return model
+    return model, peak

@@ -1,5 +1,7 @@
 """Property: every parser, fed random bytes or a mutated valid file (bit flips, truncation,
-appended junk, overwrites, deletions), either parses or raises MnistflowError -- nothing else."""
+appended junk, overwrites, deletions), either parses or raises MnistflowError -- nothing else,
+and its peak memory growth stays under ``helpers.memory.bound`` of the input's size (issue 19:
+D1, D3, D4, D14 were parsers turning a few bytes into gigabytes)."""
 from __future__ import annotations
 
 import gzip
@@ -7,14 +9,18 @@ import io
 import os
 import pickle
 import tarfile
+import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import tfrecord_writer as W
+from helpers.memory import assert_bounded
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from helpers import tfrecord_writer as W
+from mnistflow.core.errors import MnistflowError
 from mnistflow.data.formats import tfrecord as T
 from mnistflow.data.formats.cifar import read_cifar10, safe_unpickle
 from mnistflow.data.formats.csv import read_csv
@@ -22,7 +28,6 @@ from mnistflow.data.formats.folder import read_image_folder
 from mnistflow.data.formats.idx import parse_idx, read_idx, read_idx_pair
 from mnistflow.data.formats.npz import read_npz
 from mnistflow.data.formats.raw import RawDataset
-from mnistflow.core.errors import MnistflowError
 
 # Deterministic in CI; MNISTFLOW_FUZZ_EXAMPLES=5000 runs a longer, random hunt by hand.
 _LONG = os.environ.get("MNISTFLOW_FUZZ_EXAMPLES")
@@ -88,13 +93,31 @@ def inputs(seed: bytes):
     return st.one_of(st.binary(max_size=2048), mutated(seed))
 
 
+def input_size(*args) -> int:
+    """Bytes of input in ``args``: byte strings, and files (folders: the files in them)."""
+    n = 0
+    for a in args:
+        if isinstance(a, (bytes, bytearray)):
+            n += len(a)
+        elif isinstance(a, os.PathLike):
+            p = Path(a)
+            files = [p] if p.is_file() else [f for f in p.rglob("*") if f.is_file()] if p.is_dir() else []
+            n += sum(f.stat().st_size for f in files)
+    return n
+
+
 def parses_or_fails(fn, *args, **kw):
-    """The property itself: a valid result, or MnistflowError; anything else propagates."""
-    try:
-        out = fn(*args, **kw)
-    except MnistflowError as e:
-        assert str(e)
-        return None
+    """The property itself: a valid result, or MnistflowError, in bounded memory and without
+    a raw Python warning; anything else propagates."""
+    with warnings.catch_warnings(record=True) as seen:  # a raw warning breaks the one-line rule
+        warnings.simplefilter("always")
+        try:
+            out = assert_bounded(lambda: fn(*args, **kw), input_size(*args), fn.__name__)
+        except MnistflowError as e:
+            assert str(e)
+            return None
+        finally:
+            assert not seen, [f"{w.category.__name__}: {w.message}" for w in seen]
     if isinstance(out, RawDataset):
         for split in (out.train, out.test):
             if split is not None:
