@@ -494,7 +494,8 @@ def main(argv: list[str] | None = None) -> int:
             finally:
                 progress.close_all()  # no bar left under an error or interrupt line
     except MnistflowError as e:
-        if os.environ.get("RANK", "0") == "0":  # under torchrun every rank raises it: print it once
+        # under torchrun every rank raises it: print it once per machine; a lost peer is each rank's own
+        if os.environ.get("LOCAL_RANK", "0") == "0" or getattr(e, "per_rank", False):
             sys.stderr.write(f"{PROG}: error: {e}\n")
         return 2
     except KeyboardInterrupt:

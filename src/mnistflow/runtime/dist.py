@@ -18,6 +18,7 @@ import contextlib
 import dataclasses
 import datetime
 import gc
+import math
 import os
 import shutil
 import signal
@@ -32,6 +33,7 @@ from mnistflow.core.errors import MnistflowError
 
 TIMEOUT_ENV = "MNISTFLOW_DIST_TIMEOUT"
 DEFAULT_TIMEOUT_S = 60.0
+MAX_TIMEOUT_S = 7 * 24 * 3600.0
 
 # Small CPU-side collectives (stop flags, barriers, objects) go through a gloo group: with
 # NCCL as the default backend they would otherwise need a GPU tensor and a device sync.
@@ -63,13 +65,16 @@ def env_info() -> DistInfo:
 
 
 def timeout_s() -> float:
+    """How long a collective waits for a silent peer (``$MNISTFLOW_DIST_TIMEOUT``): finite,
+    positive and at most a week (inf, nan or 1e30 would overflow the process group's timer)."""
     raw = os.environ.get(TIMEOUT_ENV) or str(DEFAULT_TIMEOUT_S)
     try:
         t = float(raw)
-        if not t > 0:
-            raise ValueError
     except ValueError:
-        raise MnistflowError(f"{TIMEOUT_ENV} must be a positive number of seconds, got '{raw}'") from None
+        t = math.nan
+    if not 0 < t <= MAX_TIMEOUT_S:  # False for nan
+        raise MnistflowError(f"{TIMEOUT_ENV} must be a positive number of seconds (at most "
+                             f"{MAX_TIMEOUT_S:g}, 7 days), got '{raw}'")
     return t
 
 
@@ -99,20 +104,37 @@ def init(device_kind: str) -> DistInfo:
                                  f"only {n} GPU(s) are visible (CUDA_VISIBLE_DEVICES); start at most {n} "
                                  "per machine, or train on the CPU (--device cpu)")
         torch.cuda.set_device(info.local_rank)
-    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0) or 0)
-    if attempt and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
-        # After a failure torchrun --max-restarts starts new processes on the same store,
-        # which still holds the failed attempt's keys (the addresses of dead processes):
-        # each attempt gets its own key prefix.
-        from torch.distributed.rendezvous import rendezvous
-
-        store, _, _ = next(rendezvous("env://", timeout=timeout))
-        tdist.init_process_group(backend, store=tdist.PrefixStore(f"mnistflow/attempt{attempt}/", store),
-                                 rank=info.rank, world_size=info.world_size, timeout=timeout)
-    else:
-        tdist.init_process_group(backend, timeout=timeout)
+    try:
+        _join(backend, info, timeout)
+    except MnistflowError:
+        raise
+    except Exception as e:  # a peer that never came (or died while joining), a refused connection
+        if not is_comm_failure(e) and not isinstance(e, (OSError, TimeoutError)):
+            raise
+        first = next((ln.strip() for ln in str(e).splitlines() if ln.strip()), type(e).__name__)
+        raise CommFailure(f"rank {info.rank} of {info.world_size}: could not join the other processes "
+                          f"({first[:200]}): one did not start, or died, within {timeout_s():g} s "
+                          f"(${TIMEOUT_ENV}); the process that failed first reports why") from None
     _control = tdist.new_group(backend="gloo", timeout=timeout) if backend == "nccl" else None
     return dataclasses.replace(info, backend=backend)
+
+
+def _join(backend: str, info: DistInfo, timeout: datetime.timedelta) -> None:
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        tdist.init_process_group(backend, timeout=timeout)
+        return
+    # torchrun's agents keep one store for the whole job: after a failure (--max-restarts)
+    # the new processes would find the failed attempt's keys there (the addresses of dead
+    # processes), so each attempt joins under its own key prefix. The attempt is counted per
+    # rank in the store: TORCHELASTIC_RESTART_COUNT is not agreed on across machines (under
+    # the c10d rendezvous a node whose process was still running when a peer failed restarts
+    # without counting it). Every rank joins once per attempt, so the counts agree.
+    from torch.distributed.rendezvous import rendezvous
+
+    store, _, _ = next(rendezvous("env://", timeout=timeout))
+    attempt = store.add(f"mnistflow/joins/rank{info.rank}", 1)
+    tdist.init_process_group(backend, store=tdist.PrefixStore(f"mnistflow/attempt{attempt}/", store),
+                             rank=info.rank, world_size=info.world_size, timeout=timeout)
 
 
 def device_for(info: DistInfo, requested: torch.device) -> torch.device:
@@ -184,6 +206,18 @@ def params_in_sync(model: torch.nn.Module) -> bool:
     ref = mine.clone()
     tdist.broadcast(ref, src=0)
     return max_over_ranks(int(not torch.equal(ref, mine))) == 0
+
+
+class CommFailure(MnistflowError):
+    """This process lost the others (a collective failed, or joining them did). Every rank that
+    sees it says so (``per_rank``), not only rank 0: on several machines each log needs its line."""
+
+    per_rank = True
+
+
+def comm_failure(info: DistInfo, e: BaseException) -> CommFailure:
+    """``e``, an error from a collective, as the one line users see."""
+    return CommFailure(comm_failure_message(info, e))
 
 
 def is_comm_failure(e: BaseException) -> bool:
