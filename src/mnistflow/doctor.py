@@ -29,7 +29,7 @@ def diagnose() -> dict:
                                if f in cpu_flags()),
         "cores": usable_cores(),
         "torch_threads": torch.get_num_threads(),
-        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "(unset)"),
+        "omp_wait_policy": _omp_wait_policy(),
         "native_kernels": kernels.reason(),
         "amx_kernels": kernels.amx_reason(),
         "mnistflow_home": str(home()),
@@ -68,8 +68,9 @@ def diagnose() -> dict:
     recs.append(f"{cores} core(s): use --threads {cores} on an idle machine (fewer when other processes "
                 "are busy: oversubscribed threads can be several times slower); no loader workers are needed "
                 "(the data is resident)")
-    if "OMP_WAIT_POLICY" not in os.environ and cores <= 4:
-        recs.append("on a shared machine set OMP_WAIT_POLICY=PASSIVE before starting: spinning OpenMP threads "
+    if facts["omp_wait_policy"].startswith("(unset"):
+        recs.append("torch was imported before mnistflow, so its OpenMP threads spin while they wait: import "
+                    "mnistflow first (or set OMP_WAIT_POLICY=PASSIVE before starting); spinning threads "
                     "collapse when another process holds a core")
     if not facts["native_kernels"].startswith(("loaded", "off")):
         recs.append("install a C compiler with OpenMP (Debian: apt-get install gcc) for mnistflow's native "
@@ -85,11 +86,26 @@ def diagnose() -> dict:
     return facts
 
 
+def _omp_wait_policy() -> str:
+    """OpenMP's wait policy in this process and who chose it (``mnistflow/__init__.py`` sets PASSIVE
+    unless the user chose, or torch was loaded before mnistflow: then libgomp's default holds)."""
+    import mnistflow
+
+    policy = os.environ.get("OMP_WAIT_POLICY", "").strip()
+    spin = os.environ.get("GOMP_SPINCOUNT", "").strip()
+    if mnistflow._omp_passive_by_mnistflow:
+        return f"{policy} (mnistflow's default)"
+    if policy or spin:
+        return " ".join(x for x in (policy, spin and f"GOMP_SPINCOUNT={spin}") if x) + " (yours)"
+    return "(unset: torch was imported before mnistflow; libgomp spins ~300k rounds, then sleeps)"
+
+
 def _cpu_model() -> str:
     try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
     except OSError:
         pass
     return platform.processor() or "unknown"

@@ -11,7 +11,8 @@ input before it is used. The ABI and how to add a kernel: README.md beside this 
 Nothing depends on them: with no compiler, a failed build or check, a non-CPU device, or
 ``MNISTFLOW_KERNELS=0``, the callers use PyTorch's own ops (one warning says why). The AMX
 kernels (``wgrad``, ``muon``) need more: a CPU and OS with AMX (``amx_available``), else
-PyTorch's ops too.
+PyTorch's ops too (``MNISTFLOW_AMX=0``: always). Both variables take 1/on/true/yes or
+0/off/false/no; another value is an error (``check_environment``).
 
 Threads: the library links ``libgomp.so.1``, which resolves to the OpenMP runtime torch has
 already loaded, so the kernels share torch's thread pool and ``torch.get_num_threads()``. If a
@@ -32,6 +33,10 @@ from pathlib import Path
 
 import torch
 
+from mnistflow.core.errors import MnistflowError
+
+KERNELS_ENV, AMX_ENV = "MNISTFLOW_KERNELS", "MNISTFLOW_AMX"
+_ON, _OFF = ("1", "on", "true", "yes"), ("0", "off", "false", "no")
 CSRC = Path(__file__).parent / "csrc"
 SOURCES = ("maxpool.c", "bnrelu.c", "layout.c", "wgrad.c", "muon.c")  # compiled, in csrc/
 HEADERS = ("mnistflow_kernels.h", "bf16.h", "bnrelu_impl.h", "amx.h")  # included by them
@@ -71,8 +76,26 @@ class KernelBuildError(RuntimeError):
     pass
 
 
+def _switch(name: str) -> bool:
+    """``$name`` as an on/off switch, on when unset or empty; another value is an error (a typo
+    must not silently keep the kernels on, or off)."""
+    raw = os.environ.get(name, "").strip()
+    if not raw or raw.lower() in _ON:
+        return True
+    if raw.lower() in _OFF:
+        return False
+    raise MnistflowError(f"{name} must be 1 or 0 (also on/off, true/false, yes/no; or unset), got {raw[:40]!r}")
+
+
 def enabled() -> bool:
-    return os.environ.get("MNISTFLOW_KERNELS", "1").strip().lower() not in ("0", "off", "false", "no")
+    """``$MNISTFLOW_KERNELS``: the native kernels may be used (the default)."""
+    return _switch(KERNELS_ENV)
+
+
+def check_environment() -> None:
+    """Every environment variable this package reads, checked at once (before a run starts)."""
+    _switch(KERNELS_ENV)
+    _switch(AMX_ENV)
 
 
 def _compiler() -> str | None:
@@ -92,7 +115,7 @@ def _library_path(cc: str) -> Path:
     for name in SOURCES + HEADERS:
         h.update((CSRC / name).read_bytes())
     h.update(" ".join(CFLAGS).encode())
-    h.update(subprocess.run([cc, "--version"], capture_output=True, text=True).stdout.encode())
+    h.update(subprocess.run([cc, "--version"], capture_output=True, text=True, check=False).stdout.encode())
     h.update(platform.machine().encode())
     h.update(" ".join(sorted(cpu_flags())).encode())  # -march=native
     return _cache_dir() / f"mnistflow-kernels-{h.hexdigest()[:16]}.so"
@@ -111,7 +134,7 @@ def build(cc: str | None = None) -> Path:
     os.close(fd)
     try:
         cmd = [cc, *CFLAGS, "-o", tmp, *(str(CSRC / s) for s in SOURCES)]
-        r = subprocess.run(cmd, capture_output=True, text=True)
+        r = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if r.returncode != 0:
             lines = r.stderr.strip().splitlines() or ["(no output)"]
             msg = next((ln for ln in lines if "error" in ln), lines[0])
@@ -155,7 +178,7 @@ def library() -> ctypes.CDLL | None:
             pool.self_check(lib)
             bnrelu.self_check(lib)
             layout.self_check(lib)
-    except Exception as e:  # any failure: PyTorch's ops instead, said once
+    except Exception as e:  # noqa: BLE001 -- any failure: PyTorch's ops instead, said once
         from mnistflow.core.log import warn
         _state["reason"] = f"unavailable: {e}"
         warn(f"native kernels {_state['reason']}; using PyTorch's ops (slower)")
@@ -169,7 +192,7 @@ def amx_available() -> bool:
     """The kernel library is loaded, this CPU and OS run AMX, and the AMX kernels (``wgrad``'s
     and ``muon``'s) agreed with their torch references on small inputs (checked once per loaded
     library); ``amx_reason()`` is the doctor's "AMX kernels" line."""
-    off = os.environ.get("MNISTFLOW_AMX", "1").strip().lower() in ("0", "off", "false", "no")
+    off = not _switch(AMX_ENV)
     lib = None if off else library()
     if _amx.get("key") != (off, id(lib)):
         ok = False
@@ -187,7 +210,7 @@ def amx_available() -> bool:
                     wgrad.self_check(lib)
                     muon.self_check(lib)
                 ok, why = True, "loaded"
-            except Exception as e:  # a wrong result or a failed call: PyTorch's ops, said once
+            except Exception as e:  # noqa: BLE001 -- a wrong result or a failed call: PyTorch's ops, said once
                 from mnistflow.core.log import warn
                 why = f"unavailable: {e}"
                 warn(f"the AMX kernels are {why}; using PyTorch's ops (slower)")

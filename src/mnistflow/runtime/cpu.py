@@ -101,7 +101,7 @@ def _on_each_openmp_thread(fn) -> bool:
             libs = {line.split()[-1] for line in f if "libgomp" in line or "libomp" in line}
         if not libs:
             return torch.get_num_threads() == 1
-        omp = ctypes.CDLL(sorted(libs)[0])
+        omp = ctypes.CDLL(min(libs))
         callback_type = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
         callback = callback_type(lambda _: fn())  # runs on each team thread (it takes the GIL)
         omp.GOMP_parallel.argtypes = [callback_type, ctypes.c_void_p, ctypes.c_uint, ctypes.c_uint]
@@ -199,10 +199,21 @@ def busy_cores_elsewhere(sample_s: float = 0.25) -> float:
     return max(0.0, busy - own)
 
 
+def openmp_threads_spin() -> bool:
+    """Whether PyTorch's idle OpenMP threads spin-wait (libgomp's default, ``ACTIVE``) rather than
+    sleep at once (``OMP_WAIT_POLICY=PASSIVE``, which ``import mnistflow`` sets unless torch was
+    imported first or the user chose), as far as the environment says: libgomp reads it when
+    torch is imported, and mnistflow changes it only before that."""
+    policy = os.environ.get("OMP_WAIT_POLICY", "").strip().lower()
+    return policy != "passive" or os.environ.get("GOMP_SPINCOUNT", "").strip() not in ("", "0")
+
+
 def threads_for_load(threads: int, cores: int, busy: float) -> int:
-    """Intra-op threads that fit the cores other processes leave free. OpenMP threads spin at
-    their barriers: one that shares a core with a busy process stalls all the others (a 2-thread
-    step measured 4x slower than 1 thread when another process kept one of 2 cores busy)."""
+    """Intra-op threads that fit the cores other processes leave free, for OpenMP threads that
+    spin at their barriers (``openmp_threads_spin``): one that shares a core with a busy process
+    stalls all the others (a 2-thread step measured 4x slower than 1 thread when another process
+    kept one of 2 cores busy). Passive threads need no shedding: 2 threads next to one busy
+    process were as fast as 1, and next to two, 1.4x faster (benchmarks/busy_neighbour.py)."""
     free = int(cores - busy + 0.5)  # a core more than half busy is taken
     return max(1, min(threads, free))
 
