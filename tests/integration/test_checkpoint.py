@@ -66,7 +66,7 @@ def test_run_keeps_last_k_and_best_with_pointers_and_everything_to_resume(mnist_
     assert payload["data"]["name"] == "mnist" and len(payload["data"]["sha256"]) == 64
     assert payload["model_info"]["class_names"] == [str(i) for i in range(10)]
     # a fresh (non-resume) run into this directory would mix two runs: refused
-    with pytest.raises(MnistflowError, match="already holds checkpoints"):
+    with pytest.raises(MnistflowError, match="holds a run already .*checkpoints.*continue it with --resume"):
         _small_run(mnist_records, run)
 
 

@@ -9,13 +9,22 @@
       profile/           the profiler's Chrome trace and tables
       checkpoints/       step-NNNNNN.pt, and the ``last`` / ``best`` pointer files
       report/            ``mnistflow report``'s page and plots
+      .lock              held (``flock``) by the one training that writes the run
 
 This module is the one place that names these files; everything else asks it.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
+
+from mnistflow.core.errors import MnistflowError
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: runs are not locked
+    fcntl = None
 
 CONFIG = "config.toml"
 METRICS = "metrics.jsonl"
@@ -25,6 +34,9 @@ TENSORBOARD = "tb"
 PROFILE = "profile"
 CHECKPOINTS = "checkpoints"
 REPORT = "report"
+LOCK = ".lock"
+# what a training writes: a directory holding any of them is a run (not to be trained into anew)
+RUN_FILES = (CONFIG, METRICS, SUMMARY, MODEL, CHECKPOINTS)
 
 
 def _entry(name: str) -> property:
@@ -49,6 +61,7 @@ class RunDir:
     profile = _entry(PROFILE)
     checkpoints = _entry(CHECKPOINTS)
     report = _entry(REPORT)
+    lock = _entry(LOCK)
 
     @classmethod
     def of_checkpoint(cls, checkpoint_file: str | Path) -> "RunDir | None":
@@ -59,3 +72,99 @@ class RunDir:
     def is_run(self) -> bool:
         """A directory that a ``train`` wrote (or is writing): it has a config or checkpoints."""
         return self.config.is_file() or self.checkpoints.is_dir() or self.model.is_file()
+
+    def run_files(self) -> list[str]:
+        """The entries of ``RUN_FILES`` present (an empty ``checkpoints/`` does not count): a
+        training that is not a resume must not write over them."""
+        found = []
+        for name in RUN_FILES:
+            p = self.path / name
+            if (p.is_dir() and any(p.iterdir())) if name == CHECKPOINTS else p.exists():
+                found.append(name)
+        return found
+
+    def is_empty(self) -> bool:
+        """Missing, or holding nothing but a lock file (of a training killed at its start)."""
+        try:
+            return all(p.name == LOCK for p in self.path.iterdir())
+        except FileNotFoundError:
+            return True
+        except NotADirectoryError:
+            return False
+
+
+class RunBusy(MnistflowError):
+    """Another training holds the run directory's lock."""
+
+
+class RunLock:
+    """Exclusive ownership of a run directory by one training: ``flock`` on ``RUN/.lock``, taken
+    before anything else is written there and held until :meth:`release` (the kernel drops it
+    when the process dies, so a killed training leaves nothing stuck; the file may stay behind
+    and means nothing). A second holder fails at once (one line, naming the holder's pid).
+
+    The directory (and its missing parents) is created here; :meth:`release` removes what was
+    created when nothing but the lock was written (a training that failed before it began)."""
+
+    def __init__(self, path: str | Path):
+        self.dir = RunDir(path)
+        self._fd: int | None = None
+        self._created: list[Path] = []
+
+    def acquire(self) -> RunLock:
+        p = self.dir.path
+        try:
+            missing = [d for d in (p, *p.parents) if not d.exists()]
+            p.mkdir(parents=True, exist_ok=True)
+            self._created = missing  # deepest first
+            while self._fd is None:
+                fd = os.open(self.dir.lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+                if fcntl is None:
+                    self._fd = fd
+                    break
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
+                    os.close(fd)
+                    raise RunBusy("another training is using this run directory"
+                                  + (f" (pid {holder})" if holder.isdigit() else ""), p) from None
+                try:  # the file we locked must still be the one at the path (a releaser unlinks it)
+                    same = os.stat(self.dir.lock).st_ino == os.fstat(fd).st_ino
+                except FileNotFoundError:
+                    same = False
+                if same:
+                    self._fd = fd
+                else:
+                    os.close(fd)
+            os.ftruncate(self._fd, 0)
+            os.pwrite(self._fd, f"{os.getpid()}\n".encode(), 0)
+        except MnistflowError:
+            raise
+        except OSError as e:
+            self.release()
+            raise MnistflowError(f"cannot use as a run directory: {e.strerror}", p) from None
+        return self
+
+    def release(self) -> None:
+        """Unlock; remove the lock file, and the directories :meth:`acquire` created if nothing
+        else was written in them."""
+        if self._fd is not None:
+            try:
+                os.unlink(self.dir.lock)  # before unlocking: a waiter re-checks the path (see acquire)
+            except OSError:
+                pass
+            os.close(self._fd)
+            self._fd = None
+        created, self._created = self._created, []
+        for d in created:
+            try:
+                d.rmdir()
+            except OSError:  # not empty: a training wrote there (or another one took it since)
+                break
+
+    def __enter__(self):
+        return self.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self.release()

@@ -28,7 +28,7 @@ import os
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from mnistflow.core.errors import MnistflowError
+from mnistflow.core.errors import MnistflowError, os_error
 from mnistflow.core.fsutil import atomic_write_text
 from mnistflow.core.log import note, warn
 from mnistflow.training.hooks import HOOKS, StopTraining
@@ -171,8 +171,11 @@ class CSVLogger:
             self.columns += new
             self._rewrite()
         else:
-            self._f.write(self._lines([row]))
-            self._f.flush()
+            try:
+                self._f.write(self._lines([row]))
+                self._f.flush()
+            except OSError as e:  # a full disk: one line naming the file
+                raise os_error(e, self.path) from e
 
     def _lines(self, rows: Sequence[dict], header: bool = False) -> str:
         buf = io.StringIO()
@@ -185,7 +188,10 @@ class CSVLogger:
     def _rewrite(self) -> None:
         self.close()
         atomic_write_text(self.path, self._lines(self.rows, header=True))
-        self._f = open(self.path, "a", buffering=1)
+        try:
+            self._f = open(self.path, "a", buffering=1)
+        except OSError as e:
+            raise os_error(e, self.path) from e
 
 
 def read_csv_log(path: str | os.PathLike) -> list[dict]:

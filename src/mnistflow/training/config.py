@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,7 @@ MAX_SEED = 2**32 - 1
 MAX_THREADS = 1024  # the same as runtime.cpu.MAX_THREADS (that module imports torch: not here)
 MAX_INT = 2**63 - 1  # an integer setting reaches tensors and numpy: int64
 MAX_TOML_BYTES = 1 << 20  # a configuration file is a few hundred bytes; refuse what is not one
+DATA_DELAY_ENV = "MNISTFLOW_INJECT_DATA_DELAY"  # tests: seconds the training reader sleeps per batch
 
 
 @dataclass(frozen=True)
@@ -345,6 +347,7 @@ def validate(cfg: TrainConfig, *, check_model: bool = True) -> None:
         parse_steps(cfg.profile_steps)
     from mnistflow.models import get_entry
     from mnistflow.models.spec import looks_like_spec
+    from mnistflow.kernels import check_environment as check_kernels_environment
     from mnistflow.runtime.cpu import check_environment
     from mnistflow.training.optim import OPTIMIZERS, SCHEDULES
 
@@ -356,6 +359,25 @@ def validate(cfg: TrainConfig, *, check_model: bool = True) -> None:
     if cfg.schedule not in SCHEDULES:
         raise MnistflowError(f"unknown schedule '{cfg.schedule}' (known: {', '.join(SCHEDULES)})")
     check_environment()  # $MNISTFLOW_THREADS and the like: the defaults of settings
+    check_kernels_environment()  # $MNISTFLOW_KERNELS, $MNISTFLOW_AMX
+    data_delay()
+
+
+def data_delay() -> float:
+    """``$MNISTFLOW_INJECT_DATA_DELAY``: seconds the training reader sleeps per batch, a test hook
+    that makes a run slow enough to interrupt (0 when unset); anything but a finite number >= 0
+    is an error."""
+    raw = os.environ.get(DATA_DELAY_ENV, "").strip()
+    if not raw:
+        return 0.0
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value >= 0):
+        raise MnistflowError(f"{DATA_DELAY_ENV} must be a finite number of seconds >= 0 (or unset), "
+                             f"got {raw[:40]!r}")
+    return value
 
 
 def to_dict(cfg: TrainConfig) -> dict:

@@ -2,7 +2,7 @@
 
 A hook is any object; every method is optional (looked up by name, no base class):
 
-    on_train_start(logs)           logs: total_steps, steps_per_epoch, run_dir, config (a dict)
+    on_train_start(logs)           logs: total_steps, start_step, steps_per_epoch, run_dir, config (a dict)
     on_step_end(step, logs)        logs: the logged scalars of that step (loss, acc, lr, img_per_s,
                                    data_wait_frac, queue_depth, epoch, ...). Called on LOGGED steps
                                    only (every ``log_every``, and the last step of an epoch or run):

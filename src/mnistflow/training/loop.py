@@ -92,8 +92,10 @@ def fit(cfg: TrainConfig, *, model: torch.nn.Module | None = None, model_factory
         callbacks: Sequence = (), loss_fn: Callable | None = None) -> dict:
     """Train as configured; returns the run summary (the ``--json`` object). ``cfg`` is not changed.
 
-    With ``cfg.resume`` (``latest`` or a path) the run continues from a checkpoint; otherwise a
-    run directory that already holds checkpoints is refused (nothing is overwritten). Under
+    With ``cfg.resume`` (``latest`` or a path) the run continues from a checkpoint (or, killed
+    before its first one, restarts from its own config.toml); otherwise a run directory that
+    already holds a run is refused (nothing is overwritten). The run directory is locked for
+    the run's lifetime: a second training on it fails at once. Under
     torchrun every process calls it (see the module docstring). ``model``: a ready module to
     train instead of ``cfg.model``'s, ``model_factory`` how to rebuild it ({"factory":
     "pkg.mod:name", "kwargs": {...}}, recorded in the model file); ``callbacks``: hooks
@@ -113,26 +115,26 @@ def fit(cfg: TrainConfig, *, model: torch.nn.Module | None = None, model_factory
     device = dist.device_for(info, device)
     kernels.reset_used()
     try:
-        with log.recording() as warned, log.quiet(cfg.quiet):
-            summary = _fit(cfg, device, info, warned, model, model_factory, list(callbacks), loss_fn)
+        with log.recording() as warned, log.quiet(cfg.quiet), contextlib.ExitStack() as held:
+            summary = _fit(cfg, device, info, warned, held, model, model_factory, list(callbacks), loss_fn)
     except TrainingInterrupted:
         if owned:
             dist.cleanup()
         raise
     except Exception as e:
         if info.enabled and not isinstance(e, MnistflowError) and dist.is_comm_failure(e):
-            raise MnistflowError(dist.comm_failure_message(info, e)) from None
+            raise dist.comm_failure(info, e) from None
         raise
     if owned:
         dist.cleanup()
     return summary
 
 
-def _fit(cfg: TrainConfig, device: torch.device, info: dist.DistInfo, warned: list[str], model,
-         model_factory, callbacks: list, loss_fn) -> dict:
+def _fit(cfg: TrainConfig, device: torch.device, info: dist.DistInfo, warned: list[str],
+         held: contextlib.ExitStack, model, model_factory, callbacks: list, loss_fn) -> dict:
     primary = info.is_primary
-    # --- setup: where the run goes, what it continues from, what it trains ------------------
-    resume_path, run_dir = decide_run(cfg, info)
+    # --- setup: where the run goes (owned until ``held`` closes), what it continues from ------
+    resume_path, run_dir = decide_run(cfg, info, held)
     resume = Resume.open(resume_path, cfg, info.world_size) if resume_path is not None else None
     run = build_run(cfg, run_dir, device, info, resume, model, model_factory)
     cfg = run.cfg  # as the run uses it (batch size decided); the caller's object is untouched
@@ -183,7 +185,8 @@ def _fit(cfg: TrainConfig, device: torch.device, info: dist.DistInfo, warned: li
         if reason and not state.stop_reason:
             state.stop_reason = reason
 
-    stop(call(hooks, "on_train_start", {"total_steps": total, "steps_per_epoch": steps_per_epoch,
+    stop(call(hooks, "on_train_start", {"total_steps": total, "start_step": state.step,
+                                        "steps_per_epoch": steps_per_epoch,
                                         "run_dir": str(run.dir.path), "config": configmod.to_dict(cfg)}))
     start_samples = state.samples
     clock = _Clock(time.perf_counter())
@@ -361,7 +364,7 @@ def _payload(run: Run, state: TrainState, lr_at) -> dict:
     """Everything to continue from this step (``artifacts.checkpoint`` writes it)."""
     ts = {"step": state.step, "epoch": state.epoch, "step_in_epoch": state.step_in_epoch,
           "samples": state.samples, "stop_reason": state.stop_reason, "metrics": dict(state.metrics),
-          "world_size": run.info.world_size}
+          "world_size": run.info.world_size, "threads": torch.get_num_threads()}
     return checkpoint.capture(
         run.raw_model, run.optimizer, run.amp.scaler, ts,
         configmod.to_dict(dataclasses.replace(run.cfg, resume=None)),

@@ -21,13 +21,13 @@ from pathlib import Path
 
 import torch
 
-from mnistflow.artifacts import checkpoint
+from mnistflow.artifacts import checkpoint, rundir
 from mnistflow.artifacts.rundir import RunDir
 from mnistflow.core.errors import MnistflowError
 from mnistflow.core.fsutil import atomic_write_text
 from mnistflow.data.records import Records
 from mnistflow.runtime import dist
-from mnistflow.training.config import TrainConfig
+from mnistflow.training.config import TrainConfig, load_toml
 from mnistflow.training.engine import TrainState
 
 # Settings that change the model or the data (its content or order): a resume that changes
@@ -138,11 +138,44 @@ def keep_global_batch(base: dict, old_world: int, given: bool) -> None:
         base["batch_size"] = global_batch // world
 
 
-def config_base(path: Path, given_batch: bool, known: set[str]) -> dict:
-    """The checkpoint's configuration, as the base layer of a resumed run's settings."""
+def config_base(path: Path, given_batch: bool, known: set[str], *, keep_threads: bool = True) -> dict:
+    """The checkpoint's configuration, as the base layer of a resumed run's settings.
+    ``keep_threads``: the thread count the run used so far (the bits depend on it), unless the
+    user chose one (then it is left out: their choice applies)."""
     saved = load(path, keep=True)  # fit() takes this very payload
     base = {k: v for k, v in saved["config"].items() if k in known - {"resume", "run_dir"}}
-    keep_global_batch(base, int(saved["train_state"].get("world_size", 1)), given_batch)
+    old_world = int(saved["train_state"].get("world_size", 1))
+    keep_global_batch(base, old_world, given_batch)
+    if not keep_threads:
+        base.pop("threads", None)
+    elif saved["train_state"].get("threads") and old_world == dist.env_info().world_size:
+        base["threads"] = int(saved["train_state"]["threads"])  # (another world size: other bits anyway)
+    return base
+
+
+def restart_config(run_dir: str | os.PathLike) -> Path | None:
+    """``--resume`` of a run without a valid checkpoint (killed before its first one): its
+    ``config.toml``, which it restarts from at step 0 (never the defaults: that would train
+    another model into it). None: the directory is empty or missing (a new run starts there).
+    Anything else (not a run, or a finished run that kept no checkpoint) is an error."""
+    rd = RunDir(run_dir)
+    if rd.is_empty():
+        return None
+    if rd.summary.is_file():
+        raise MnistflowError("this run finished and kept no valid checkpoint: nothing to resume "
+                             "(it would be trained again from step 0); pick another --run-dir for a "
+                             "new run", rd.path)
+    if not rd.config.is_file():
+        raise MnistflowError(f"nothing to resume: no checkpoint and no {rundir.CONFIG} (not a run "
+                             f"directory)", rd.path)
+    return rd.config
+
+
+def restart_base(config: Path, known: set[str], *, keep_threads: bool = True) -> dict:
+    """The settings of a run's ``config.toml``, as the base layer of its restart."""
+    base = {k: v for k, v in load_toml(config).items() if k in known - {"resume", "run_dir"}}
+    if not keep_threads:
+        base.pop("threads", None)
     return base
 
 
@@ -163,6 +196,12 @@ class Resume:
     @property
     def step(self) -> int:
         return int(self.payload["train_state"]["step"])
+
+    @property
+    def threads(self) -> int | None:
+        """The intra-op thread count of the process that saved it (None: not recorded)."""
+        n = self.payload["train_state"].get("threads")
+        return int(n) if n else None
 
     @property
     def world_size(self) -> int:

@@ -8,6 +8,7 @@ with ``dataclasses.replace``), the one saved as ``config.toml``.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import random
@@ -18,8 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from mnistflow.artifacts import checkpoint
-from mnistflow.artifacts.rundir import RunDir
+from mnistflow.artifacts.rundir import CONFIG, RunBusy, RunDir, RunLock
 from mnistflow.core.errors import MnistflowError, display
 from mnistflow.core.log import note, warn
 from mnistflow.data.loader import StreamLoader, make_loader
@@ -30,7 +30,9 @@ from mnistflow.runtime import dist
 from mnistflow.runtime.cpu import (
     busy_cores_elsewhere,
     default_threads,
+    env_threads,
     flush_denormals,
+    openmp_threads_spin,
     set_threads,
     threads_for_load,
     tune_malloc,
@@ -75,11 +77,18 @@ def resolve_config(config: str | os.PathLike | None = None, **overrides) -> Trai
         path, rd = resumemod.locate_resume(resume, overrides.get("run_dir") or (file or {}).get("run_dir"),
                                            quiet=quiet)
         overrides["run_dir"] = overrides.get("run_dir") or str(rd)
+        # the run's own thread count (the bits depend on it), unless one is chosen now
+        keep_threads = env_threads() is None and all((d or {}).get("threads") is None for d in (file, overrides))
+        known = configmod.field_names()
         if path is not None:
             given = any((d or {}).get("batch_size") is not None for d in (recipe, file, overrides))
-            base = resumemod.config_base(path, given, configmod.field_names())
+            base = resumemod.config_base(path, given, known, keep_threads=keep_threads)
             recipe = {**base, **(recipe or {})}
             overrides["resume"] = str(path)  # fit continues from this one, not a newer one since
+        else:  # killed before its first checkpoint: that run again, from its own config.toml
+            own = resumemod.restart_config(rd)
+            if own is not None:
+                recipe = {**resumemod.restart_base(own, known, keep_threads=keep_threads), **(recipe or {})}
     return configmod.resolve(recipe, file, overrides)
 
 
@@ -96,21 +105,70 @@ def default_run_dir(cfg: TrainConfig) -> Path:
     return Path("runs") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
-def decide_run(cfg: TrainConfig, info: dist.DistInfo) -> tuple[Path | None, Path]:
+MAX_DEFAULT_RUNS = 100  # runs/<name>-<time>-N: runs started in the same second
+
+
+def _own(held: contextlib.ExitStack, run_dir: Path) -> None:
+    """Take the run directory for this training (its lock, released when ``held`` closes)."""
+    held.enter_context(RunLock(run_dir))
+
+
+def _refuse_a_run(run_dir: Path) -> None:
+    """A training that is not a resume never writes over another run's files."""
+    found = RunDir(run_dir).run_files()
+    if found:
+        raise MnistflowError(f"this run directory holds a run already ({', '.join(found)}): continue it "
+                             "with --resume, or pick another --run-dir", run_dir)
+
+
+def _new_default_run(cfg: TrainConfig, held: contextlib.ExitStack) -> Path:
+    """``runs/<name>-<time>``, or ``-2``, ``-3``... when another training took that name."""
+    base = default_run_dir(cfg)
+    for i in range(1, MAX_DEFAULT_RUNS + 1):
+        run_dir = base if i == 1 else base.with_name(f"{base.name}-{i}")
+        lock = RunLock(run_dir)
+        try:
+            lock.acquire()
+        except RunBusy:
+            continue
+        if not RunDir(run_dir).run_files():
+            held.callback(lock.release)
+            return run_dir
+        lock.release()
+    raise MnistflowError(f"{MAX_DEFAULT_RUNS} runs named {base.name} exist already: pick a --run-dir",
+                         base.parent)
+
+
+def decide_run(cfg: TrainConfig, info: dist.DistInfo, held: contextlib.ExitStack) -> tuple[Path | None, Path]:
     """(checkpoint to resume from, run directory): decided by rank 0 and broadcast, so every
-    rank uses the same ones (a default run name holds the time of day)."""
+    rank uses the same ones (a default run name holds the time of day).
+
+    Rank 0 owns the run directory from here (``RunLock``, before anything is written there)
+    until ``held`` closes: another training on it fails at once. A new run never goes into a
+    directory that holds one (that needs ``--resume``)."""
     decision = None
     if info.is_primary:
         try:
             if cfg.resume:
+                if cfg.run_dir:
+                    _own(held, Path(cfg.run_dir))
                 resume_path, run_dir = resumemod.locate_resume(cfg.resume, cfg.run_dir)
-                if resume_path is None:
-                    note(f"no checkpoint in {display(run_dir)}; starting from step 0")
+                if not cfg.run_dir:
+                    _own(held, run_dir)
+                if resume_path is not None:
+                    of = RunDir.of_checkpoint(resume_path)
+                    if of is None or of.path.resolve() != Path(run_dir).resolve():
+                        _refuse_a_run(run_dir)  # another run's checkpoint starts a run of its own here
+                else:
+                    own = resumemod.restart_config(run_dir)
+                    note(f"no checkpoint in {display(run_dir)}; "
+                         + ("restarting it from step 0 with its " + CONFIG if own else "starting from step 0"))
+            elif cfg.run_dir:
+                resume_path, run_dir = None, Path(cfg.run_dir)
+                _own(held, run_dir)
+                _refuse_a_run(run_dir)
             else:
-                resume_path, run_dir = None, Path(cfg.run_dir) if cfg.run_dir else default_run_dir(cfg)
-                if checkpoint.step_files(RunDir(run_dir).checkpoints):
-                    raise MnistflowError("this run directory already holds checkpoints: continue it with "
-                                         "--resume, or pick another --run-dir", run_dir)
+                resume_path, run_dir = None, _new_default_run(cfg, held)
             decision = ("ok", None if resume_path is None else str(resume_path), str(run_dir))
         except MnistflowError as e:
             dist.broadcast_object(("error", e.detail, e.path))  # the other ranks stop with the same error
@@ -145,8 +203,11 @@ class Run:
 def _threads_for_a_shared_machine() -> int | None:
     """The default thread count, lowered when other processes keep cores busy (only when no
     one chose: no ``--threads``, no ``$MNISTFLOW_THREADS``, not under torchrun, where the
-    busy cores are the other ranks)."""
+    busy cores are the other ranks), and only while OpenMP threads spin
+    (``runtime.cpu.openmp_threads_spin``): passive threads share a core without collapsing."""
     if os.environ.get("MNISTFLOW_THREADS") or int(os.environ.get("LOCAL_WORLD_SIZE", 1) or 1) > 1:
+        return None
+    if not openmp_threads_spin():  # shedding would only lose speed (benchmarks/busy_neighbour.py)
         return None
     n = default_threads()
     if n == 1:
@@ -158,6 +219,27 @@ def _threads_for_a_shared_machine() -> int | None:
              f"thread(s), not {n} (threads sharing a core with another process can make every step "
              f"several times slower); --threads {n} to insist")
     return fit
+
+
+def _say_thread_change(resume: resumemod.Resume, world: int) -> None:
+    """Runs on 1 and 2 threads differ in their last bits: a resume on another thread count than
+    the run's so far (the user chose it) is said, once."""
+    now = torch.get_num_threads()
+    if resume.threads and resume.threads != now and resume.world_size == world:
+        warn(f"the resumed part trains on {now} thread(s), the run so far on {resume.threads}: it will "
+             f"not be bitwise identical to an uninterrupted run (leave --threads and $MNISTFLOW_THREADS "
+             f"unset to keep {resume.threads})")
+
+
+def _absolute_data(cfg: TrainConfig) -> str | None:
+    """``cfg.data`` as the run records it: a path made absolute, ``$MNISTFLOW_DATA`` when it
+    stood in for ``--data``; a known dataset's name as it is."""
+    data = cfg.data
+    if data is None and cfg.dataset is None:
+        data = os.environ.get("MNISTFLOW_DATA") or None
+    if data is None or not Path(data).exists():
+        return data
+    return os.path.abspath(data)
 
 
 def check_input(model: torch.nn.Module, in_shape: tuple[int, int, int], num_classes: int,
@@ -196,8 +278,12 @@ def build_run(cfg: TrainConfig, run_dir: Path, device: torch.device, info: dist.
               model_factory: dict | None = None) -> Run:
     """Threads, data, model, optimizer, loaders, the run directory (rank 0). ``model``: a
     ready module to train instead of ``create_model(cfg.model)``."""
+    cfg = dataclasses.replace(cfg, data=_absolute_data(cfg),  # config.toml works from any directory
+                              run_dir=None if cfg.run_dir is None else os.path.abspath(run_dir))
     threads = cfg.threads or (_threads_for_a_shared_machine() if device.type == "cpu" else 2)
     set_threads(threads)
+    if resume is not None and info.is_primary:
+        _say_thread_change(resume, info.world_size)
     limit_gpu_memory(cfg.gpu_memory_fraction, device)
     if device.type == "cpu":
         tune_malloc()
@@ -250,7 +336,7 @@ def build_run(cfg: TrainConfig, run_dir: Path, device: torch.device, info: dist.
         torch._logging.set_logs(recompiles=True)  # a recompilation is reported with its reason
         model = torch.compile(model)
         drop_last = True  # a short last batch would recompile
-    delay = float(os.environ.get("MNISTFLOW_INJECT_DATA_DELAY", 0) or 0)  # tests: a slow reader
+    delay = configmod.data_delay()  # tests: a slow reader
     common = dict(device=device, channels_last=cfg.channels_last, resident="no" if delay else cfg.resident,
                   rank=info.rank, world_size=info.world_size)
     train_loader = make_loader(rec, cfg.train_on, batch_size=cfg.batch_size, seed=cfg.seed,

@@ -10,16 +10,24 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from mnistflow.core.errors import os_error
+
 
 class MetricsFile:
     def __init__(self, path: str | Path):
         self.path = Path(path)
-        self._f = open(self.path, "a", buffering=1)  # line-buffered: a crash loses no line
+        try:
+            self._f = open(self.path, "a", buffering=1)  # line-buffered: a crash loses no line
+        except OSError as e:
+            raise os_error(e, self.path) from e
 
     def write(self, kind: str, step: int, logs: dict) -> None:
         rec = {"kind": kind, "step": step}
         rec.update({k: v for k, v in logs.items() if isinstance(v, (int, float, str, bool))})
-        self._f.write(json.dumps(rec) + "\n")
+        try:
+            self._f.write(json.dumps(rec) + "\n")
+        except OSError as e:  # a full disk: one line naming the file
+            raise os_error(e, self.path) from e
 
     def on_step_end(self, step: int, logs: dict) -> None:
         self.write("train", step, logs)

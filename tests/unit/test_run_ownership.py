@@ -1,0 +1,277 @@
+"""Run directories are owned by one training at a time and never silently overwritten or mixed
+(D6, D7); config.toml records where the data is; a resume keeps the run's thread count."""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+
+from mnistflow.artifacts import checkpoint
+from mnistflow.artifacts.rundir import LOCK, RunBusy, RunDir, RunLock
+from mnistflow.core.errors import MnistflowError
+from mnistflow.training import config as configmod
+from mnistflow.training import setup
+from mnistflow.training.loop import resolve_config, train
+
+SPEC = "conv3x3x4-relu,maxpool4,fc10"
+# 600 training images / batch 50: 12 steps per epoch
+QUICK = {"model": SPEC, "quiet": True, "threads": 1, "tensorboard": False, "batch_size": 50, "log_every": 2}
+
+
+@pytest.fixture(autouse=True)
+def _no_malloc_tuning(monkeypatch):
+    # runtime.cpu.tune_malloc finds libc through ctypes.util.find_library, which starts an
+    # ldconfig process (refused in this tier); it changes no result
+    monkeypatch.setenv("MNISTFLOW_MALLOC", "default")
+
+
+@pytest.fixture
+def threads_restored():
+    n = torch.get_num_threads()
+    yield
+    torch.set_num_threads(n)
+
+
+# --- the lock ---------------------------------------------------------------------------------------
+
+def test_the_lock_is_exclusive_names_its_holder_and_is_released(tmp_path):
+    run = tmp_path / "runs" / "a"
+    with RunLock(run):
+        assert (run / LOCK).read_text().strip() == str(os.getpid())
+        with pytest.raises(RunBusy, match=rf"another training is using this run directory \(pid {os.getpid()}\)"):
+            RunLock(run).acquire()  # a second open file description: flock refuses it
+        assert str(run) in str(RunBusy("x", run))
+    # nothing else was written: the directories the lock created are gone again
+    assert not (tmp_path / "runs").exists()
+    with RunLock(run):  # and it can be taken again
+        (run / "metrics.jsonl").write_text("")
+    assert (run / "metrics.jsonl").is_file() and not (run / LOCK).exists()
+
+
+def test_a_lock_file_left_by_a_killed_training_does_not_block(tmp_path):
+    run = tmp_path / "r"
+    run.mkdir()
+    (run / LOCK).write_text("999999\n")  # kill -9 leaves the file; the kernel dropped the flock
+    with RunLock(run):
+        assert (run / LOCK).read_text().strip() == str(os.getpid())
+    assert run.is_dir()  # not created by the lock: left in place
+
+
+def test_a_path_that_cannot_be_a_run_directory_is_one_error(tmp_path):
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(MnistflowError, match="cannot use as a run directory") as e:
+        RunLock(tmp_path / "file" / "run").acquire()
+    assert "Traceback" not in str(e.value)
+
+
+def test_a_training_holds_its_run_directory_until_it_ends(synthetic_records, tmp_path):
+    """D7: a second training on a run directory in use fails at once, whatever the directory holds."""
+    run = tmp_path / "r"
+    seen = []
+
+    class Intruder:
+        def on_train_start(self, logs):
+            with pytest.raises(RunBusy, match="another training is using this run directory"):
+                RunLock(run).acquire()
+            with pytest.raises(MnistflowError, match="another training is using this run directory"):
+                train(data=synthetic_records, run_dir=run, max_steps=2, **QUICK)
+            with pytest.raises(MnistflowError, match="another training is using this run directory"):
+                train(data=synthetic_records, run_dir=run, resume=True, max_steps=2, **QUICK)
+            seen.append(True)
+
+    cfg = resolve_config(None, data=str(synthetic_records), run_dir=str(run), max_steps=3, **QUICK)
+    s = setup_fit(cfg, [Intruder()])
+    assert seen and s["steps"] == 3
+    assert not (run / LOCK).exists()
+    RunLock(run).acquire().release()  # released at the end
+
+
+def setup_fit(cfg, callbacks):
+    from mnistflow.training.loop import fit
+
+    return fit(cfg, callbacks=callbacks)
+
+
+# --- a new run never goes into an existing one (D7) ---------------------------------------------
+
+def test_training_again_into_a_finished_run_is_refused_and_changes_nothing(synthetic_records, tmp_path):
+    """D7: a finished run without checkpoints (--keep-checkpoints 0) is not overwritten."""
+    run = tmp_path / "r"
+    train(data=synthetic_records, run_dir=run, max_steps=3, keep_checkpoints=0, **QUICK)
+    before = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
+    with pytest.raises(MnistflowError, match=r"holds a run already \(config.toml, metrics.jsonl, "
+                                             r"summary.json, model.safetensors\): continue it with --resume, "
+                                             r"or pick another --run-dir") as e:
+        train(data=synthetic_records, run_dir=run, max_steps=3, seed=5, lr=0.01, **QUICK)
+    assert e.value.path == str(run)
+    assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == before
+
+
+@pytest.mark.parametrize("name", ["config.toml", "metrics.jsonl", "summary.json", "model.safetensors",
+                                  "checkpoints/step-000001.pt"])
+def test_any_file_of_a_run_makes_it_one(synthetic_records, tmp_path, name):
+    run = tmp_path / "r"
+    (run / name).parent.mkdir(parents=True)
+    (run / name).write_text("x")
+    with pytest.raises(MnistflowError, match=f"holds a run already \\({name.split('/')[0]}\\)"):
+        train(data=synthetic_records, run_dir=run, max_steps=1, **QUICK)
+    assert (run / name).read_text() == "x"
+
+
+def test_an_empty_or_foreign_directory_is_fine(synthetic_records, tmp_path):
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("mine")
+    (tmp_path / "other" / "checkpoints").mkdir()  # an empty folder of that name holds no run
+    for run in (tmp_path / "empty", tmp_path / "other"):
+        assert train(data=synthetic_records, run_dir=run, max_steps=1, **QUICK)["steps"] == 1
+    assert (tmp_path / "other" / "notes.txt").read_text() == "mine"
+
+
+def test_a_setting_that_fails_in_setup_leaves_no_run_directory(synthetic_records, tmp_path):
+    with pytest.raises(MnistflowError, match="larger than the training set"):
+        train(data=synthetic_records, run_dir=tmp_path / "new" / "r", max_steps=1,
+              **{**QUICK, "batch_size": 10_000})
+    assert not (tmp_path / "new").exists()
+
+
+def test_a_default_run_name_taken_by_another_run_gets_a_suffix(synthetic_records, tmp_path, monkeypatch):
+    taken = tmp_path / "runs" / "spec-20250101-000000"
+    taken.mkdir(parents=True)
+    (taken / "config.toml").write_text("x")
+    monkeypatch.setattr(setup, "default_run_dir", lambda cfg: taken)
+    s = train(data=synthetic_records, max_steps=1, **QUICK)
+    assert s["run_dir"] == str(taken.with_name(taken.name + "-2"))
+    assert (taken / "config.toml").read_text() == "x"
+
+
+# --- --resume without a checkpoint restarts THAT run (D6) -----------------------------------------
+
+def _killed_before_its_first_checkpoint(records, run) -> None:
+    """What a run killed before its first checkpoint leaves: config.toml and some metrics."""
+    cfg = resolve_config(None, data=str(records), run_dir=str(run), max_steps=6, lr=0.02, seed=3,
+                         **{**QUICK, "model": "softmax", "batch_size": 40})
+    run.mkdir()
+    configmod.save_toml(cfg, RunDir(run).config)
+    RunDir(run).metrics.write_text('{"kind": "train", "step": 2, "loss": 1.0}\n{"kind": "tr')
+
+
+def test_resume_without_a_checkpoint_restarts_the_runs_own_config(synthetic_records, tmp_path):
+    """D6: not the defaults (seed-cnn), the run's model, recipe and seed; flags override them."""
+    run = tmp_path / "r"
+    _killed_before_its_first_checkpoint(synthetic_records, run)
+    cfg = resolve_config(None, run_dir=str(run), resume=True, max_steps=4)
+    assert (cfg.model, cfg.batch_size, cfg.lr, cfg.seed, cfg.max_steps) == ("softmax", 40, 0.02, 3, 4)
+    s = train(run_dir=run, resume=True, max_steps=4, quiet=True)
+    assert s["model"] == "softmax" and s["steps"] == 4 and s["global_batch"] == 40
+    saved = RunDir(run).config.read_text()
+    assert 'model = "softmax"' in saved and "seed = 3" in saved
+    recs = [json.loads(ln) for ln in RunDir(run).metrics.read_text().splitlines()]
+    assert [r["step"] for r in recs if r["kind"] == "train"] == [2, 4]  # the killed run's are gone
+
+
+def test_resume_of_a_directory_that_is_no_run_is_an_error(synthetic_records, tmp_path):
+    (tmp_path / "r").mkdir()
+    (tmp_path / "r" / "notes.txt").write_text("mine")
+    with pytest.raises(MnistflowError, match="nothing to resume: no checkpoint and no config.toml"):
+        resolve_config(None, data=str(synthetic_records), run_dir=str(tmp_path / "r"), resume=True)
+    # empty or missing: a new run starts there (as before)
+    (tmp_path / "e").mkdir()
+    (tmp_path / "e" / LOCK).write_text("123\n")  # killed before it wrote anything
+    for run in (tmp_path / "e", tmp_path / "missing"):
+        cfg = resolve_config(None, data=str(synthetic_records), run_dir=str(run), resume=True, **QUICK)
+        assert cfg.model == SPEC
+
+
+def test_another_runs_checkpoint_starts_a_run_of_its_own(synthetic_records, tmp_path):
+    """D7: resuming from run a's checkpoint into run b, which holds a run, would mix the two."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    for run in (a, b):
+        train(data=synthetic_records, run_dir=run, max_steps=2, checkpoint_every=2, **QUICK)
+    ckpt = checkpoint.find_latest(RunDir(a).checkpoints)
+    with pytest.raises(MnistflowError, match="holds a run already"):
+        train(resume=str(ckpt), run_dir=b, max_steps=4, quiet=True)
+    s = train(resume=str(ckpt), run_dir=tmp_path / "c", max_steps=4, quiet=True)  # a new place: fine
+    assert s["steps"] == 4 and s["resumed_from"] == str(ckpt)
+
+
+def test_resume_of_a_finished_run_without_checkpoints_is_an_error(synthetic_records, tmp_path):
+    run = tmp_path / "r"
+    train(data=synthetic_records, run_dir=run, max_steps=2, keep_checkpoints=0, **QUICK)
+    model = RunDir(run).model.read_bytes()
+    with pytest.raises(MnistflowError, match="this run finished and kept no valid checkpoint"):
+        train(run_dir=run, resume=True, quiet=True)
+    assert RunDir(run).model.read_bytes() == model
+
+
+# --- config.toml: where the data is ----------------------------------------------------------------
+
+def test_config_records_absolute_data_and_run_paths(synthetic_records, tmp_path, monkeypatch):
+    monkeypatch.chdir(synthetic_records.parent)
+    train(data=synthetic_records.name, run_dir="r", max_steps=1, **QUICK)
+    saved = configmod.load_toml(synthetic_records.parent / "r" / "config.toml")
+    assert saved["data"] == str(synthetic_records) and saved["run_dir"] == str(synthetic_records.parent / "r")
+    monkeypatch.chdir(tmp_path)  # elsewhere: the file still says where the data is
+    cfg = resolve_config(synthetic_records.parent / "r" / "config.toml", run_dir="again")
+    assert cfg.data == str(synthetic_records)
+    assert train(synthetic_records.parent / "r" / "config.toml", run_dir="again")["steps"] == 1
+
+
+def test_mnistflow_data_standing_in_for_data_is_recorded(synthetic_records, tmp_path, monkeypatch):
+    monkeypatch.setenv("MNISTFLOW_DATA", str(synthetic_records))
+    train(run_dir=tmp_path / "r", max_steps=1, **QUICK)
+    assert configmod.load_toml(tmp_path / "r" / "config.toml")["data"] == str(synthetic_records)
+
+
+# --- the thread count of a resumed run ----------------------------------------------------------------
+
+def test_resume_keeps_the_runs_thread_count_unless_one_is_chosen(synthetic_records, tmp_path, monkeypatch,
+                                                                 threads_restored):
+    run = tmp_path / "r"
+    monkeypatch.setenv("MNISTFLOW_THREADS", "1")  # not a setting: the config records no thread count
+    train(data=synthetic_records, run_dir=run, max_steps=2, checkpoint_every=2,
+          **{**QUICK, "threads": None})
+    assert "threads" not in RunDir(run).config.read_text()
+    last = checkpoint.find_latest(RunDir(run).checkpoints)
+    assert checkpoint.load(last)["train_state"]["threads"] == 1
+    monkeypatch.delenv("MNISTFLOW_THREADS")
+    # no choice now: the recorded count (no shedding for a busy machine either)
+    assert resolve_config(None, run_dir=str(run), resume=True).threads == 1
+    # a choice now: that one
+    assert resolve_config(None, run_dir=str(run), resume=True, threads=2).threads == 2
+    monkeypatch.setenv("MNISTFLOW_THREADS", "2")
+    assert resolve_config(None, run_dir=str(run), resume=True).threads is None  # $MNISTFLOW_THREADS applies
+
+
+def test_resume_on_another_thread_count_says_so_once(synthetic_records, tmp_path, monkeypatch,
+                                                     threads_restored):
+    run = tmp_path / "r"
+    train(data=synthetic_records, run_dir=run, max_steps=1, checkpoint_every=1, **{**QUICK, "threads": 2})
+    s = train(run_dir=run, resume=True, max_steps=2, threads=1, quiet=True)
+    said = [w for w in s["warnings"] if "thread" in w]
+    assert said == [("the resumed part trains on 1 thread(s), the run so far on 2: it will not be bitwise "
+                     "identical to an uninterrupted run (leave --threads and $MNISTFLOW_THREADS unset to "
+                     "keep 2)")]
+    monkeypatch.delenv("MNISTFLOW_THREADS")
+    s = train(run_dir=run, resume=True, max_steps=3, quiet=True)  # kept (the last part's): nothing to say
+    assert s["threads"] == 1 and not [w for w in s["warnings"] if "thread" in w]
+
+
+# --- the test hook's environment value ---------------------------------------------------------------
+
+@pytest.mark.parametrize("value", ["abc", "nan", "inf", "-1", "1e400"])
+def test_a_bad_data_delay_is_one_error(synthetic_records, tmp_path, monkeypatch, value):
+    monkeypatch.setenv("MNISTFLOW_INJECT_DATA_DELAY", value)
+    with pytest.raises(MnistflowError, match=rf"MNISTFLOW_INJECT_DATA_DELAY must be a finite number of "
+                                             rf"seconds >= 0 \(or unset\), got '{value}'"):
+        resolve_config(None, data=str(synthetic_records), run_dir=str(tmp_path / "r"), **QUICK)
+    assert not (tmp_path / "r").exists()
+
+
+def test_a_valid_data_delay_is_read(monkeypatch):
+    monkeypatch.setenv("MNISTFLOW_INJECT_DATA_DELAY", " 0.002 ")
+    assert configmod.data_delay() == 0.002
+    monkeypatch.setenv("MNISTFLOW_INJECT_DATA_DELAY", "")
+    assert configmod.data_delay() == 0.0
