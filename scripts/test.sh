@@ -14,4 +14,6 @@ MNISTFLOW_EXTRAS="${MNISTFLOW_EXTRAS:-dev,onnx,serve,report}" bash scripts/setup
 . .venv/bin/activate
 export MNISTFLOW_DATA="${MNISTFLOW_DATA:-$PWD/../shared/data/mnist}"
 export MNISTFLOW_THREADS="${MNISTFLOW_THREADS:-1}"
-exec python -m pytest -q "$@"
+# Two pytest workers (pytest-xdist): the tests run their CLI on 1 thread each
+# ($MNISTFLOW_THREADS), so two keep a 2-core machine busy; MNISTFLOW_TEST_WORKERS=0 runs serially.
+exec python -m pytest -q -n "${MNISTFLOW_TEST_WORKERS:-2}" "$@"

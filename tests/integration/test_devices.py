@@ -106,22 +106,29 @@ def test_threads_fit_the_cores_other_processes_leave(threads, cores, busy, fit):
 
 
 @pytest.mark.skipif(usable_cores() < 2, reason="needs 2 cores: one for the busy neighbour")
-def test_a_busy_neighbour_is_detected_and_training_takes_fewer_threads(mnist_records, tmp_path):
+def test_a_busy_neighbour_is_detected_and_spinning_threads_are_shed(mnist_records, tmp_path):
+    """Threads that spin while they wait (OMP_WAIT_POLICY=ACTIVE, or torch loaded before
+    mnistflow) collapse beside a busy process, so train takes fewer; with mnistflow's passive
+    default they share a core without collapsing, and every core is used."""
     busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
         import time
 
         time.sleep(0.5)
         assert busy_cores_elsewhere() >= 0.7
-        env = {"MNISTFLOW_THREADS": None, "LOCAL_WORLD_SIZE": None}
-        proc = run_cli("train", "--recipe", "softmax", "--data", str(mnist_records), "--run-dir",
-                       str(tmp_path / "r"), "--max-steps", "20", "--json", "--no-tensorboard", env=env)
-        assert proc.returncode == 0, proc.stderr
-        assert "cores busy: training on" in proc.stderr
-        assert json.loads(proc.stdout.strip().splitlines()[-1])["threads"] == usable_cores() - 1
-        chosen = run_cli("train", "--recipe", "softmax", "--data", str(mnist_records), "--run-dir",
-                         str(tmp_path / "r2"), "--max-steps", "5", "--json", "--no-tensorboard",
-                         "--threads", "2", env=env)  # the user's choice stands, without a word
+        env = {"MNISTFLOW_THREADS": None, "LOCAL_WORLD_SIZE": None, "GOMP_SPINCOUNT": None}
+        args = ("train", "--recipe", "softmax", "--data", str(mnist_records), "--json", "--no-tensorboard")
+        spin = run_cli(*args, "--run-dir", str(tmp_path / "r"), "--max-steps", "20",
+                       env={**env, "OMP_WAIT_POLICY": "ACTIVE"})
+        assert spin.returncode == 0, spin.stderr
+        assert "cores busy: training on" in spin.stderr
+        assert json.loads(spin.stdout.strip().splitlines()[-1])["threads"] == usable_cores() - 1
+        passive = run_cli(*args, "--run-dir", str(tmp_path / "p"), "--max-steps", "5",
+                          env={**env, "OMP_WAIT_POLICY": None})
+        assert passive.returncode == 0 and "cores busy" not in passive.stderr, passive.stderr
+        assert json.loads(passive.stdout.strip().splitlines()[-1])["threads"] == usable_cores()
+        chosen = run_cli(*args, "--run-dir", str(tmp_path / "r2"), "--max-steps", "5", "--threads", "2",
+                         env={**env, "OMP_WAIT_POLICY": "ACTIVE"})  # the user's choice stands, without a word
         assert "cores busy" not in chosen.stderr
         assert json.loads(chosen.stdout.strip().splitlines()[-1])["threads"] == 2
     finally:

@@ -260,7 +260,11 @@ def test_a_dead_or_hung_rank_ends_the_job_promptly(mnist_records, tmp_path, how)
     assert proc.returncode != 0
     assert took < (15 if how == "kill" else 60), took  # kill: detected at once, not by the timeout
     assert not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in ranks.values())
-    assert "rank 0 of 2: a collective operation failed" in out, out[-3000:]
+    # Rank 0 says why, unless torchrun saw rank 1 die first and stopped rank 0 itself (a race
+    # that a loaded machine can lose): then torchrun's report names the dead rank as the cause.
+    stopped_by_torchrun = (how == "kill" and "exitcode  : -15" in out
+                           and "Root Cause" in out and "Signal 9 (SIGKILL)" in out)
+    assert "rank 0 of 2: a collective operation failed" in out or stopped_by_torchrun, out[-3000:]
     if how == "hang":
         assert "Timed out" in out and "given up on after 10 s ($MNISTFLOW_DIST_TIMEOUT)" in out
     print(f"{how}: the job ended {took:.2f} s after rank 1 stopped (exit {proc.returncode})")

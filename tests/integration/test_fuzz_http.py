@@ -99,10 +99,10 @@ def mutated(draw, seed: bytes) -> bytes:
 def json_values():
     """JSON documents of any shape, most of them near ``{"pixels": ...}``."""
     scalars = st.one_of(st.none(), st.booleans(), st.integers(-300, 300), st.integers(),
-                        st.floats(allow_nan=False), st.text(max_size=8))
+                        st.floats(allow_nan=False, allow_subnormal=False), st.text(max_size=8))
     anything = st.recursive(scalars, lambda inner: st.one_of(
         st.lists(inner, max_size=6), st.dictionaries(st.text(max_size=6), inner, max_size=4)), max_leaves=60)
-    rows = st.lists(st.lists(st.one_of(st.integers(-2, 300), st.floats(-1, 300)), min_size=1, max_size=40),
+    rows = st.lists(st.lists(st.one_of(st.integers(-2, 300), st.floats(-1, 300, allow_subnormal=False)), min_size=1, max_size=40),
                     min_size=1, max_size=40)
     return st.one_of(anything, st.fixed_dictionaries(
         {"pixels": st.one_of(rows, anything)},
