@@ -63,11 +63,12 @@ def _size(text: str) -> tuple[int, int]:
 
 def _add_prep(sub) -> None:
     p = sub.add_parser("prep", help="prepare records once from raw data (IDX, folder, CSV, npz, TFRecord)")
-    p.add_argument("dataset", nargs="?", help="a known dataset: mnist, fashion-mnist, kmnist, cifar10")
+    p.add_argument("dataset", nargs="?", help="a known dataset: mnist, fashion-mnist, kmnist, qmnist, emnist-<split> "
+                        "(letters, digits, balanced, byclass, bymerge, mnist), cifar10")
     p.add_argument("--data", type=Path, help="raw input: a file or folder (default: $MNISTFLOW_DATA)")
     p.add_argument("--out", type=Path, help="records directory to write (default: in the cache)")
-    p.add_argument("--val-size", type=_int_in(0, MAX_INT), default=5000,
-                   help="validation images carved from train")
+    p.add_argument("--val-size", type=_int_in(0, MAX_INT), default=None,
+                   help="validation images carved from train (default: 5000, or a tenth of a smaller set)")
     p.add_argument("--seed", type=_int_in(0, MAX_SEED), default=0, help="seed of the train/validation split")
     p.add_argument("--variants", type=_int_in(0, MAX_INT), default=0,
                    help="augmented copies of train to write")
@@ -180,6 +181,10 @@ def _train_flags(p: argparse.ArgumentParser, argv: list[str], verb_defaults: dic
             helptext += f" (default: {shown[f.name]})"
         if f.name == "resume":  # --resume alone: the latest checkpoint
             g.add_argument(flag, nargs="?", const="latest", default=None, metavar="PATH", help=helptext)
+        elif f.name == "augment":  # --augment alone: auto, --no-augment: off (the switch it was)
+            g.add_argument(flag, nargs="?", const="auto", default=None, metavar="POLICY", help=helptext)
+            g.add_argument("--no-augment", dest=f.name, action="store_const", const="off",
+                           help=argparse.SUPPRESS)
         elif f.type == "bool":
             g.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=None,
                            help=helptext)
@@ -264,40 +269,13 @@ def _add_models(sub) -> None:
     p.set_defaults(func=_run_models)
 
 
-# Inputs up to this many values (channels x pixels, above any known dataset's 3x32x32) are built
-# on the CPU; larger ones on the meta device, where a layer's weights take no memory whatever
-# their size (its first use costs ~1 s of imports, so the usual listing does not pay it).
-META_ABOVE = 3 * 64 * 64
-
-
-def _parameters(name: str, shape: tuple[int, int, int], classes: int) -> int:
-    """Parameters of model ``name`` for input ``shape`` (C, H, W), in bounded memory."""
-    import math
-
-    import torch
-
-    from mnistflow.models import create_model
-
-    if math.prod(shape) <= META_ABOVE:
-        model = create_model(name, shape, classes)
-    else:
-        try:
-            with torch.device("meta"):
-                model = create_model(name, shape, classes)
-        except (NotImplementedError, RuntimeError) as e:  # it computes values while it is built
-            raise MnistflowError(f"cannot count its parameters for input {'x'.join(map(str, shape))} "
-                                 f"without building it ({type(e).__name__}); try a smaller --input",
-                                 name) from None
-    return sum(p.numel() for p in model.parameters())
-
-
 def _run_models(a) -> int:
-    from mnistflow.models import get_entry, list_models
+    from mnistflow.models import get_entry, list_models, parameter_count
 
     shape = (a.channels, *a.input)
     print(f"{'model':<14} {'params':>11}  description (input {shape[1]}x{shape[2]}x{shape[0]}, {a.classes} classes)")
     for name in list_models():
-        print(f"{name:<14} {_parameters(name, shape, a.classes):>11,}  {get_entry(name).description}")
+        print(f"{name:<14} {parameter_count(name, shape, a.classes):>11,}  {get_entry(name).description}")
     return 0
 
 

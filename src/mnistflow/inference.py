@@ -6,6 +6,11 @@
 
 Both take anything ``artifacts.load.load_any`` reads: a run directory, model.safetensors, a
 checkpoint, an npz (with the model name) or an ONNX file (run in onnxruntime on the CPU).
+
+Both speak the data's own labels: a model trained on labels 1..26 predicts "label" 1..26 (its
+output index is "index"), and eval's per-class table and confusion matrix list 1..26 (their
+names, a..z, when the dataset has them). Records whose classes differ from the model's are
+mapped onto its outputs by label value (``model_file.outputs_of_records``).
 """
 from __future__ import annotations
 
@@ -14,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from mnistflow.artifacts.load import load_any
+from mnistflow.artifacts.model_file import ModelInfo, outputs_of_records
 from mnistflow.artifacts.onnx import OnnxBackend
 from mnistflow.artifacts.predictor import as_predictor, predict_arrays
 from mnistflow.core.errors import MnistflowError
@@ -49,25 +55,58 @@ def evaluate(model_path: str | Path, split: str = "test", *, data: str | Path | 
     if rec.shape != (info.in_shape[1], info.in_shape[2], info.in_shape[0]):
         raise MnistflowError(f"records hold {rec.shape} images but the model takes "
                              f"{tuple(info.in_shape)} (C, H, W)", rec.path)
+    outputs = outputs_of_records(info, rec, split)  # checked before any image is classified
     loader = make_loader(rec, split, batch_size=batch_size, device=dev, train=False)
+    if outputs is not None:
+        loader = _Relabelled(loader, outputs)
     res = run_eval(model, loader, Amp.create("fp32", dev), info.num_classes, confusion=True, tta=tta)
-    res.update(split=split, tta=tta, model=info.model, class_names=info.class_names, records=str(rec.path))
+    res.update(split=split, tta=tta, model=info.model, class_names=info.class_names,
+               label_values=info.values, records=str(rec.path))
     return res
 
 
+class _Relabelled:
+    """A loader whose labels (the records' class indices) are turned into the model's outputs."""
+
+    def __init__(self, loader, outputs: list[int]):
+        import torch
+
+        self.loader, self.lut = loader, torch.tensor(outputs, dtype=torch.int64)
+        self.world_size = getattr(loader, "world_size", 1)
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __iter__(self):
+        lut = None
+        for xb, yb in self.loader:
+            if lut is None:
+                lut = self.lut.to(yb.device)
+            yield xb, lut[yb]
+
+
 def format_eval(res: dict) -> str:
-    """The eval result as text: headline, per-class accuracy, confusion matrix."""
-    names = res["class_names"]
-    w = max(5, max(len(n) for n in names))
+    """The eval result as text: headline, per-class accuracy (label value, name, images,
+    accuracy), confusion matrix (rows and columns by name, else by label)."""
+    names = list(res["class_names"])
+    values = [str(v) for v in res.get("label_values") or range(len(names))]
+    named = any(n != v for n, v in zip(names, values))
+    counts = res.get("per_class_n") or [sum(row) for row in res["confusion"]]
+    wl = max(5, *(len(v) for v in values))
+    wn = min(max(4, *(len(n) for n in names)), 24) if named else 0
     lines = [f"{res['model']} on {res['split']} ({res['n']:,} images): accuracy "
              f"{100 * res['acc']:.2f}%  loss {res['loss']:.4f}"
              + (f"  (mean of {res['tta'] + 1} shifted views)" if res.get("tta") else ""), "",
-             f"{'class':<{w}}  accuracy"]
-    lines += [f"{n:<{w}}  {100 * a:7.2f}%" for n, a in zip(names, res["per_class_acc"])]
+             f"{'label':>{wl}}" + (f"  {'name':<{wn}}" if named else "") + "   images  accuracy"]
+    for v, n, k, a in zip(values, names, counts, res["per_class_acc"]):
+        acc = f"{100 * a:7.2f}%" if k else "       -"
+        lines.append(f"{v:>{wl}}" + (f"  {n[:wn]:<{wn}}" if named else "") + f"  {k:>7,}  {acc}")
+    heads = [n if named else v for n, v in zip(names, values)]
+    w = max(5, *(len(h) for h in heads)) if not named else min(max(5, *(len(h) for h in heads)), 16)
     cw = max(5, max(len(str(v)) for row in res["confusion"] for v in row) + 1)
     lines += ["", "confusion matrix (rows: true, columns: predicted)",
-              " " * w + "".join(f"{n[:cw - 1]:>{cw}}" for n in names)]
-    lines += [f"{n:<{w}}" + "".join(f"{v:>{cw}}" for v in row) for n, row in zip(names, res["confusion"])]
+              " " * w + "".join(f"{h[:cw - 1]:>{cw}}" for h in heads)]
+    lines += [f"{h[:w]:<{w}}" + "".join(f"{v:>{cw}}" for v in row) for h, row in zip(heads, res["confusion"])]
     return "\n".join(lines)
 
 
@@ -112,8 +151,17 @@ def predict(model_path: str | Path, images: list[str | Path], *, invert: bool | 
     if not items:
         raise MnistflowError("no images given")
     probs = as_predictor(model, info).predict(np.stack([x for _, x in items]))
-    return [{"image": name, "label": int(p.argmax()), "class_name": info.class_names[int(p.argmax())],
-             "probabilities": [round(float(v), 6) for v in p]} for (name, _), p in zip(items, probs)]
+    return [prediction(info, p, image=name) for (name, _), p in zip(items, probs)]
+
+
+def prediction(info: ModelInfo, probs: np.ndarray, **extra) -> dict:
+    """One prediction as users see it: ``label`` (the original label value, e.g. 1..26),
+    ``name`` (its class name; ``class_name`` too, as before), ``index`` (the model output),
+    and ``probabilities`` in output order (``labels`` gives the label of each)."""
+    k = int(np.argmax(probs))
+    return {**extra, "label": info.label(k), "name": info.class_names[k],
+            "class_name": info.class_names[k], "index": k,
+            "probabilities": [round(float(v), 6) for v in probs], "labels": info.values}
 
 
 def format_predictions(preds: list[dict], top: int = 3) -> str:
@@ -121,6 +169,7 @@ def format_predictions(preds: list[dict], top: int = 3) -> str:
     lines = [f"{'image':<{w}}  label  prob     next best"]
     for p in preds:
         order = np.argsort(p["probabilities"])[::-1]
-        nxt = ", ".join(f"{i}:{p['probabilities'][i]:.3f}" for i in order[1:top])
+        labels = p.get("labels") or list(range(len(p["probabilities"])))
+        nxt = ", ".join(f"{labels[i]}:{p['probabilities'][i]:.3f}" for i in order[1:top])
         lines.append(f"{p['image']:<{w}}  {p['class_name']:<5}  {p['probabilities'][order[0]]:.4f}   {nxt}")
     return "\n".join(lines)

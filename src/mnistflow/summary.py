@@ -189,15 +189,11 @@ def _resolve(model_or_path, input_size, channels, num_classes) -> tuple[nn.Modul
     return _create(text, shape, num_classes or 10), shape, text
 
 
-# Inputs up to this many values are built directly (as ``mnistflow models`` does): planning on
-# the meta device costs ~2 s of one-time imports, and no registered model is large at this size.
-META_ABOVE = 3 * 64 * 64
-
-
 def _create(name: str, shape: tuple[int, int, int], classes: int) -> nn.Module:
     """``create_model``, refused in one line (before anything is allocated) when the model's
     weights and one picture's activations would not fit in the available memory."""
     from mnistflow.models import create_model
+    from mnistflow.models.registry import META_ABOVE  # larger inputs are planned on meta first
     from mnistflow.models.spec import check_memory
 
     if math.prod(shape) > META_ABOVE:

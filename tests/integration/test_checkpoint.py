@@ -57,7 +57,7 @@ def test_run_keeps_last_k_and_best_with_pointers_and_everything_to_resume(mnist_
     assert payload["train_state"]["step"] == 60 and payload["train_state"]["step_in_epoch"] == 60
     assert payload["train_state"]["epoch"] == 0 and payload["train_state"]["samples"] == 60 * 64
     assert payload["train_state"]["metrics"]["val_acc"] == s["val_acc"]
-    assert payload["config"]["model"] == "mlp" and payload["config"]["augment"] is True
+    assert payload["config"]["model"] == "mlp" and payload["config"]["augment"] == "glyphs"
     assert payload["config"]["resume"] is None
     rng = payload["rng"]
     assert isinstance(rng["torch"], torch.Tensor) and isinstance(rng["numpy"]["keys"], torch.Tensor)

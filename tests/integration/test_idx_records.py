@@ -163,4 +163,4 @@ def test_idx_folder_takes_its_classes_from_the_labels(mnist_dir, tmp_path):
     (tmp_path / "train-images-idx3-ubyte").write_bytes(_idx(x.shape, x.tobytes()))
     (tmp_path / "train-labels-idx1-ubyte").write_bytes(_idx(y.shape, y.tobytes()))
     rec = open_records(prepare(data=tmp_path, out=tmp_path / "r", val_size=20, quiet=True))
-    assert rec.num_classes == 12 and rec.class_names[-1] == "11"
+    assert rec.num_classes == 11 and rec.class_names[-1] == "11" and rec.label_values[-1] == 11  # no empty class 10

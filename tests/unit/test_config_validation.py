@@ -10,6 +10,7 @@ import pytest
 import mnistflow.models  # noqa: F401  (resolve checks model names: torch is imported at collection)
 from mnistflow import cli
 from mnistflow.core.errors import MnistflowError
+from mnistflow.models import parameter_count
 from mnistflow.runtime import cpu
 from mnistflow.training import config as configmod
 from mnistflow.training.config import TrainConfig, check_value, load_toml, resolve
@@ -77,7 +78,7 @@ def test_the_thread_caps_agree():
     ({"lr": float("nan")}, "--lr must be a finite number, got nan"),
     ({"lr": 0.0}, "--lr must be positive, got 0.0"),
     ({"label_smoothing": 1.0}, "--label-smoothing must be in [0, 1), got 1.0"),
-    ({"augment": "false"}, "--augment must be true or false, got 'false'"),
+    ({"augment": "false"}, "--augment must be one of auto, off, glyphs, clothing, photos, shifts, got 'false'"),
     ({"precision": "fp8"}, "--precision must be one of auto, fp32, bf16, fp16, got 'fp8'"),
     ({"run_dir": "runs/a\0b"}, "--run-dir must be text without NUL characters"),
     ({"model": 3}, "--model must be text, got 3"),
@@ -104,7 +105,7 @@ def test_a_huge_value_is_shown_shortened_on_one_line():
     ("epochs = nan", "epochs must be a finite number, got nan"),
     ("batch_size = 1.5", "batch_size must be a positive integer or auto, got 1.5"),
     ('batch_size = "big"', "batch_size must be a positive integer or auto, got 'big'"),
-    ('augment = "false"', "augment must be true or false, got 'false'"),
+    ('augment = "false"', "augment must be one of auto, off, glyphs, clothing, photos, shifts, got 'false'"),
     ("validate = 1", "validate must be true or false, got 1"),
     ('tta = "8"', "tta must be an integer, got '8'"),
     ("tta = 3", "tta must be one of 0, 2, 4, 8, got 3"),
@@ -229,5 +230,5 @@ def test_nproc_checks_the_settings_before_starting_processes(monkeypatch, tmp_pa
 
 
 def test_models_counts_the_usual_inputs_on_the_cpu():
-    # (inputs above cli.META_ABOVE go to the meta device: tests/integration/test_hostile_cli.py)
-    assert cli._parameters("seed-cnn", (1, 28, 28), 10) == 3_274_634  # as `mnistflow models` shows
+    # (inputs above META_ABOVE go to the meta device: tests/integration/test_hostile_cli.py)
+    assert parameter_count("seed-cnn", (1, 28, 28), 10) == 3_274_634  # as `mnistflow models` shows

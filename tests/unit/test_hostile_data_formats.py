@@ -163,17 +163,17 @@ def test_d3_one_huge_idx_label_is_an_error_not_billions_of_names(tmp_path):
         read_idx_folder(tmp_path)
 
 
-def test_d3_a_stray_label_warns_about_empty_classes(tmp_path, capsys):
+def test_d3_a_stray_label_is_its_own_class_with_a_warning(tmp_path, capsys):
     x = np.zeros((10, 28, 28), np.uint8)
     y = (np.arange(10) % 3).astype(np.uint8)
     y[0] = 200
     (tmp_path / "train-images-idx3-ubyte").write_bytes(idx_bytes(x.shape, x.tobytes()))
     (tmp_path / "train-labels-idx1-ubyte").write_bytes(idx_bytes(y.shape, y.tobytes()))
     raw = read_idx_folder(tmp_path)
-    assert raw.num_classes == 201
+    assert raw.num_classes == 4 and raw.label_values == (0, 1, 2, 200)  # no 197 phantom classes
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 1 and err[0].startswith("mnistflow: warning: "), err
-    assert "labels run 0..200 but 197 of those classes have no training image (3, 4, 5, 6, 7, ...)" in err[0]
+    assert "the labels take 4 values that are not consecutive (0, 1, 2, 200)" in err[0]
 
 
 # --- D4: gzip is streamed; the header is checked first -------------------------------------

@@ -71,7 +71,7 @@ def test_d13_a_shape_that_disagrees_with_the_files_is_an_error(recs):
     ([1, 2], "'class_names' should be"),
 ])
 def test_d13_class_names_must_cover_the_labels(recs, names, fragment):
-    edit_meta(recs, lambda m: m.__setitem__("class_names", names))
+    edit_meta(recs, lambda m: m.update(class_names=names, label_values=list(range(len(names)))))
     refused(recs, fragment)
 
 

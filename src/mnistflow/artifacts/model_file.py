@@ -5,7 +5,9 @@ how a model is rebuilt from that description, and the ONE strict weight loader.
     model, info = load_model("runs/fast-1")            # eval mode, ready for inference
 
 ``model.safetensors`` carries, in its metadata, the model name (or spec), input shape, class
-names and the normalization of its training data, so eval / predict / serve need nothing else.
+names, the original label value of each output (``label_values``: labels 1..26 are outputs
+0..25) and the normalization of its training data, so eval / predict / serve need nothing else.
+A file written before ``label_values`` existed reads as outputs 0..K-1 = labels 0..K-1.
 A user's own model (not registered by name) also records ``factory`` ("pkg.module:qualname")
 and ``factory_kwargs``: loading imports that module with ``importlib`` (never a file inside the
 run directory or next to the model file) and calls the factory. Nothing stored in the file is
@@ -51,13 +53,51 @@ class ModelInfo:
     metrics: dict = field(default_factory=dict)
     factory: str = ""  # "pkg.module:qualname" of a user's model class / factory
     factory_kwargs: dict = field(default_factory=dict)  # its keyword arguments (plain JSON)
+    label_values: list[int] | None = None  # output i is label label_values[i]; None: 0..K-1
 
     @property
     def num_classes(self) -> int:
         return len(self.class_names)
 
+    @property
+    def values(self) -> list[int]:
+        """The original label value of each output, in output order."""
+        return list(self.label_values) if self.label_values is not None else list(range(self.num_classes))
+
+    def label(self, index: int) -> int:
+        """The original label value of output ``index`` (what users see as the class id)."""
+        return int(self.label_values[index]) if self.label_values is not None else int(index)
+
+    def outputs_for(self, values: Sequence[int], where: str | Path | None = None,
+                    present: Sequence[bool] | None = None) -> list[int]:
+        """For a record set's classes (their label ``values``, in its class-index order), the
+        output of this model for each: what maps the record set's labels onto the model's
+        outputs. A class the model has no output for is an error naming it, unless
+        ``present`` says the data holds no image of it (it maps to -1 then)."""
+        mine = {v: i for i, v in enumerate(self.values)}
+        out = []
+        for j, v in enumerate(values):
+            i = mine.get(int(v), -1)
+            if i < 0 and (present is None or present[j]):
+                raise MnistflowError(f"the data has class {int(v)}, which the model "
+                                     f"({info_label(self)}) was not trained on: it predicts labels "
+                                     f"{_span(self.values)}", where)
+            out.append(i)
+        return out
+
     def to_json(self) -> str:
         return json.dumps(asdict(self))
+
+
+def _span(values: Sequence[int]) -> str:
+    vals = list(values)
+    if len(vals) > 2 and vals == list(range(vals[0], vals[0] + len(vals))):
+        return f"{vals[0]}..{vals[-1]}"
+    return ", ".join(map(str, vals[:8])) + (", ..." if len(vals) > 8 else "")
+
+
+def info_label(info: ModelInfo) -> str:
+    return f"{info.model}{' on ' + info.dataset if info.dataset else ''}"
 
 
 def unwrap(model: nn.Module) -> nn.Module:
@@ -329,6 +369,12 @@ def validate_info(d: object, where: str | Path | None = None) -> ModelInfo:
                        ("factory", (str,)), ("factory_kwargs", (dict,))):
         if key in d and not isinstance(d[key], kinds):
             raise bad(f"{key} has the wrong type ({type(d[key]).__name__})")
+    values = d.get("label_values")
+    if values is not None and not (isinstance(values, list) and len(values) == len(names)
+                                   and all(_is_int(v) and v >= 0 for v in values)
+                                   and len(set(values)) == len(values)):
+        raise bad(f"label_values must be {len(names)} distinct non-negative integers, one per "
+                  "class name")
     fields = {k: v for k, v in d.items() if k in ModelInfo.__dataclass_fields__}
     fields.update(in_shape=list(shape), mean=[float(x) for x in d["mean"]],
                   std=[float(x) for x in d["std"]])
@@ -359,7 +405,18 @@ def info_from_records(model: str, rec, metrics: dict | None = None) -> ModelInfo
     h, w, c = rec.shape
     return ModelInfo(model=model, in_shape=[c, h, w], class_names=rec.class_names, mean=rec.mean,
                      std=rec.std, dataset=rec.name, records=str(Path(rec.path).resolve()),
-                     metrics=dict(metrics or {}))
+                     metrics=dict(metrics or {}), label_values=list(rec.label_values))
+
+
+def outputs_of_records(info: ModelInfo, rec, split: str) -> list[int] | None:
+    """For each class of the record set ``rec`` (by its class index), the model's output for
+    it, or None when they are the same (a model evaluated on its own kind of records). A
+    class that ``split`` holds images of and the model has no output for is an error."""
+    values = list(rec.label_values)
+    if values == info.values:
+        return None
+    present = (rec.class_counts(split) > 0).tolist()
+    return info.outputs_for(values, rec.path, present)
 
 
 MAX_HEADER_BYTES = 64 * 1024 * 1024  # a safetensors JSON header (names, shapes, metadata)

@@ -45,6 +45,11 @@ def columns(stream: IO | None = None) -> int:
     return int(env) if env.isdigit() and int(env) > 0 else 80
 
 
+def is_quiet() -> bool:
+    """Whether a ``quiet()`` block is open (``--quiet`` / ``--json``): no bar, no progress lines."""
+    return bool(_quiet[0])
+
+
 @contextlib.contextmanager
 def quiet(on: bool = True) -> Iterator[None]:
     """No progress bar inside the block (``--quiet``, ``--json``)."""

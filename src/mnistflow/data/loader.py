@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from mnistflow.core.errors import MnistflowError
-from mnistflow.data.augment import augment_batch, skip_batches
+from mnistflow.data import augment as augmod
 from mnistflow.data.normalize import Normalizer
 
 
@@ -63,21 +63,37 @@ def epoch_order(n: int, seed: int, epoch: int, rank: int = 0, world_size: int = 
     return perm
 
 
+def policy_name(augment: bool | str | None, channels: int) -> str | None:
+    """The policy a loader applies, None for none: ``augment`` is a policy name, ``off``/False/
+    None, or True (what it meant before policies: ``augment.legacy_policy``). ``auto`` is
+    resolved from the records' name first (``make_loader`` does)."""
+    if augment is None or augment is False or augment == "off":
+        return None
+    if augment is True:
+        return augmod.legacy_policy(channels)
+    if augment == "auto":
+        raise ValueError("augment='auto' is resolved from the records (make_loader), not by a Loader")
+    augmod.get_policy(augment)  # an unknown name: an error listing the known ones
+    return augment
+
+
 class BatchTransform:
     """The one transform every batch goes through, whatever its source: uint8 (N, C, H, W) on
-    the device -> float, augmented (training), normalized, in the model's memory format and
-    dtype."""
+    the device -> float, augmented (training: ``augment`` names a policy of
+    ``data.augment``), normalized, in the model's memory format and dtype."""
 
-    def __init__(self, mean, std, device: torch.device, *, augment: bool = False,
+    def __init__(self, mean, std, device: torch.device, *, augment: bool | str | None = None,
                  channels_last: bool = False, dtype: torch.dtype = torch.float32):
         self.normalizer = Normalizer(mean, std, device)
-        self.augment, self.channels_last, self.dtype = augment, channels_last, dtype
+        self.augment = policy_name(augment, self.normalizer.channels)
+        self.policy = None if self.augment is None else augmod.get_policy(self.augment)
+        self.channels_last, self.dtype = channels_last, dtype
         self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
 
     def __call__(self, xb: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
         xb = xb.to(torch.float32)
-        if self.augment:
-            xb = augment_batch(xb, gen)
+        if self.policy is not None:  # erased pixels (cutout) take the mean: 0 once normalized
+            xb = augmod.augment(xb, gen, self.policy, fill=self.normalizer.mean)
         xb = self.normalizer(xb).contiguous(memory_format=self.memory_format)
         return xb if self.dtype == torch.float32 else xb.to(self.dtype)
 
@@ -96,7 +112,7 @@ class Loader:
     def __init__(self, x: np.ndarray | list[np.ndarray], y: np.ndarray, *, batch_size: int,
                  mean, std, device: torch.device | str = "cpu", shuffle: bool = True,
                  seed: int = 0, drop_last: bool = False, rank: int = 0, world_size: int = 1,
-                 channels_last: bool = False, augment: bool = False,
+                 channels_last: bool = False, augment: bool | str | None = None,
                  dtype: torch.dtype = torch.float32, pad: bool = True):
         if batch_size <= 0:
             raise MnistflowError(f"batch size must be positive, got {batch_size}")
@@ -106,9 +122,10 @@ class Loader:
         self.batch_size = batch_size
         self.shuffle, self.seed, self.drop_last = shuffle, seed, drop_last
         self.rank, self.world_size, self.pad = rank, world_size, pad
-        self.channels_last, self.augment = channels_last, augment
         self.transform = BatchTransform(mean, std, self.device, augment=augment,
                                         channels_last=channels_last, dtype=dtype)
+        self.channels_last, self.augment = channels_last, self.transform.augment  # a policy name or None
+        self.image_hw = tuple((x[0] if isinstance(x, list) else x).shape[1:3])
         self.epoch, self.start_batch = 0, 0
         self.stats = LoaderStats()
         self._aug_gen = torch.Generator()
@@ -143,11 +160,11 @@ class Loader:
         order = epoch_order(self.n, self.seed, self.epoch, self.rank, self.world_size,
                             self.shuffle, self.drop_last, self.pad)
         gen = self._aug_gen
-        if self.augment:
+        if self.augment is not None:
             # Each rank its own augmentation stream (rank 0's is the single process's).
             gen.manual_seed(self.seed * 7919 + self.epoch + self.rank * 1_000_000_007)
             if self.start_batch:  # keep the augmentation stream aligned on resume
-                skip_batches(gen, self.start_batch, self.batch_size, self.transform.normalizer.channels)
+                augmod.skip(gen, self.augment, self.start_batch, self.batch_size, *self.image_hw)
         batches = self._batches(self.epoch % self.copies, order)
         try:
             while True:
@@ -267,13 +284,16 @@ def fits_in_memory(nbytes: int, device: torch.device) -> bool:
 
 def make_loader(rec, split: str, *, batch_size: int, device: torch.device | str = "cpu",
                 train: bool = True, seed: int = 0, drop_last: bool = False, rank: int = 0,
-                world_size: int = 1, channels_last: bool = False, augment: bool = False,
+                world_size: int = 1, channels_last: bool = False, augment: bool | str | None = None,
                 resident: str = "auto", delay_s: float = 0.0, pad: bool = True):
     """The loader for ``split`` of an opened record set (``mnistflow.data.records.Records``).
 
     ``rank``/``world_size``: this process's shard (see ``epoch_order``); ``pad=False`` for
-    evaluation shards, which count every image exactly once over the ranks."""
+    evaluation shards, which count every image exactly once over the ranks. ``augment``: a
+    policy name (``data.augment.POLICIES``), ``auto`` (the records' dataset's own), ``off``."""
     device = torch.device(device)
+    if augment == "auto":
+        augment = augmod.resolve_policy("auto", rec.name)[0]
     x, y = rec.split(split)
     xs = [x] + ([rec.split(split, k)[0] for k in range(1, rec.variants + 1)]
                 if train and split.startswith("train") else [])

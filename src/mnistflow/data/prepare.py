@@ -17,10 +17,10 @@ import os
 from pathlib import Path
 
 from mnistflow.data import datasets
-from mnistflow.data.records import (Records, check_replaceable, open_records, read_meta,
-                                    write_records)
-from mnistflow.data.formats.raw import RawDataset, check_regular
-from mnistflow.data.sources import detect_format, locate_known, read_known, read_source
+from mnistflow.data.records import (FORMAT_VERSION, Records, check_replaceable, open_records,
+                                    read_meta, write_records)
+from mnistflow.data.formats.raw import RawDataset, check_regular, summarize_values
+from mnistflow.data.sources import detect_format, known_files, locate_known, read_known, read_source
 from mnistflow.core.paths import home
 from mnistflow.core.progress import stages, write
 from mnistflow.core.fsutil import sha256_file
@@ -35,7 +35,7 @@ def _source_files(dataset: str | None, data: Path | None) -> tuple[str, list[Pat
             known = ", ".join(sorted(datasets.KNOWN))
             raise MnistflowError(f"unknown dataset '{dataset}' (known: {known}; or pass --data PATH)")
         folder = locate_known(ds, data)
-        return ds.name, [folder / f.name for f in ds.files]
+        return ds.name, known_files(ds, folder)
     assert data is not None
     if data.is_dir():
         files = sorted(p for p in data.rglob("*") if p.is_file() and not p.name.startswith("."))
@@ -105,8 +105,9 @@ def prepare(dataset: str | None = None, data: str | Path | None = None,
         key = hashlib.sha256(json.dumps([name, sums, options], sort_keys=True).encode()).hexdigest()
         out = Path(out) if out is not None else home() / "records" / f"{name}-{key[:12]}"
         if out.is_dir() and (out / "meta.json").is_file() and not force:
-            try:
-                if read_meta(out).get("key") == key:
+            try:  # an older record format is rebuilt (e.g. format 1 gave labels 1..26 27 classes)
+                had = read_meta(out)
+                if had.get("key") == key and had["format_version"] == FORMAT_VERSION:
                     if not quiet:
                         write(f"{out}: up to date (same inputs and options; --force to rebuild)")
                     return out
@@ -126,7 +127,8 @@ def prepare(dataset: str | None = None, data: str | Path | None = None,
     if not quiet:
         print(f"{out}: wrote {raw.name}: {len(raw.train.y) - val_size:,} train / {val_size:,} val"
               f" / {len(raw.test.y) if raw.test is not None else 0:,} test"
-              + (f" + {variants} augmented copies" if variants else ""))
+              + (f" + {variants} augmented copies" if variants else "")
+              + f"; {raw.num_classes} classes, labels {summarize_values(raw.values)}")
     return out
 
 

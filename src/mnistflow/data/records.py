@@ -1,8 +1,9 @@
 """The prepared record format: one directory per dataset, written once, atomically.
 
-    DIR/meta.json            name, class names, shape, splits, mean/std, checksums, options
+    DIR/meta.json            name, class names and label values, shape, splits, mean/std,
+                             checksums, options
     DIR/{split}_x.npy        (N, H, W, C) uint8, opened by memory map (no copy)
-    DIR/{split}_y.npy        (N,) int64
+    DIR/{split}_y.npy        (N,) int64 class indices 0..K-1
     DIR/train_x.aug{k}.npy   K augmented copies of the training images (same labels)
 
 The directory is built under a temporary name next to DIR (``.DIR.tmp-HOST-PID-*``) and
@@ -16,13 +17,16 @@ Opening checks everything before anything is used: ``meta.json`` against its own
 (``meta_sha256``; record sets written before it existed are still read), every payload file
 against its checksum, and the files against what ``meta.json`` says (names, shapes, dtypes,
 counts, the label range): a record set whose files disagree is a one-line error.
+
+Labels: ``{split}_y.npy`` holds class indices 0..K-1 (what a model's outputs are) and
+``meta.json``'s ``label_values`` the original label of each class (labels 1..26 are classes
+0..25 with ``label_values`` 1..26), what users see. Format 1 (before ``label_values``) is still
+read: its classes are their own values 0..K-1.
 """
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
-import math
 import os
 import re
 import shutil
@@ -39,12 +43,23 @@ import numpy as np
 
 from mnistflow.core.errors import MnistflowError, fail, os_error
 from mnistflow.core.fsutil import dir_mode, make_dirs, remove_empty, sha256_file
-from mnistflow.data.formats.raw import MAX_CLASSES, RawDataset, check_regular, open_regular
+from mnistflow.data.record_check import (  # noqa: F401 -- the checks, re-exported
+    _REPREP,
+    FORMAT_VERSION,
+    SPLITS,
+    check_consistent,
+    meta_checksum,
+    payload_files,
+    read_meta,
+    verify,
+)
+from mnistflow.data.formats.raw import (
+    RawDataset,
+    check_labels,
+    summarize_values,
+)
 
-FORMAT_VERSION = 1
-SPLITS = ("train", "val", "test")
 STALE_AFTER_S = 24 * 3600  # a temporary record set this old is left over whoever made it
-_REPREP = "re-run 'mnistflow prep --force'"
 
 
 @dataclass
@@ -65,6 +80,19 @@ class Records:
     @property
     def num_classes(self) -> int:
         return len(self.meta["class_names"])
+
+    @property
+    def label_values(self) -> tuple[int, ...]:
+        """The original label value of each class (class index i -> ``label_values[i]``);
+        0..K-1 for a record set written before label values were recorded."""
+        values = self.meta.get("label_values")
+        return tuple(values) if values is not None else tuple(range(self.num_classes))
+
+    def class_counts(self, split: str) -> np.ndarray:
+        """Images per class (by class index) in ``split``; zeros for a split it lacks."""
+        if not self.has(split):
+            return np.zeros(self.num_classes, np.int64)
+        return np.bincount(self.split(split)[1], minlength=self.num_classes)
 
     @property
     def shape(self) -> tuple[int, int, int]:
@@ -142,12 +170,32 @@ def _channel_stats(x: np.ndarray) -> tuple[list[float], list[float]]:
     return mean.tolist(), std.tolist()
 
 
-def split_train_val(n: int, val_size: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """Deterministic (train_idx, val_idx), both sorted, from a seeded permutation."""
+def split_train_val(n: int, val_size: int, seed: int,
+                    y: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Deterministic (train_idx, val_idx), both sorted, from a seeded permutation.
+
+    With the labels ``y`` (class indices), every class keeps at least one training image
+    where it can: an image the permutation put in val is swapped with a training image of a
+    class that has more than one (a rare class would otherwise be one the model could never
+    learn). Where no class needs it (any sizeable dataset), the split is the permutation's."""
     if val_size < 0 or val_size >= n:
         raise MnistflowError(f"--val-size {val_size} must be in 0..{n - 1} for {n} training images")
     perm = np.random.default_rng(seed).permutation(n)
-    return np.sort(perm[val_size:]), np.sort(perm[:val_size])
+    val, train = perm[:val_size], perm[val_size:]
+    if y is not None and val_size:
+        y = np.asarray(y)
+        k = int(y.max()) + 1
+        have = np.bincount(y[train], minlength=k)
+        for c in np.flatnonzero((np.bincount(y, minlength=k) > 0) & (have == 0)):
+            donors = np.flatnonzero(have[y[train]] > 1)
+            if not len(donors):
+                break  # too few training images for every class: check_classes says which
+            j = int(np.flatnonzero(y[val] == c)[0])
+            i = int(donors[-1])
+            have[y[train[i]]] -= 1
+            have[c] += 1
+            val[j], train[i] = train[i], val[j]
+    return np.sort(train), np.sort(val)
 
 
 def write_records(raw: RawDataset, out: Path, *, key: str, options: dict,
@@ -155,7 +203,7 @@ def write_records(raw: RawDataset, out: Path, *, key: str, options: dict,
                   variants: int = 0, force: bool = False) -> Path:
     """Write ``raw`` as a record set at ``out`` atomically; returns ``out``."""
     out = Path(out)
-    tr_idx, va_idx = split_train_val(len(raw.train.y), val_size, seed)
+    tr_idx, va_idx = split_train_val(len(raw.train.y), val_size, seed, raw.train.y)
     check_replaceable(out, raw.name, force)
     created = make_dirs(out.parent)
     with _sigterm_as_exit():
@@ -229,6 +277,7 @@ def _write(raw: RawDataset, out: Path, tmp: Path, tr_idx: np.ndarray, va_idx: np
     parts = {"train": (xtr, ytr), "val": (raw.train.x[va_idx], raw.train.y[va_idx])}
     if raw.test is not None:
         parts["test"] = (raw.test.x, raw.test.y)
+    values = check_classes(raw, {s: y for s, (_, y) in parts.items()}, val_size)
     counts = {}
     for split, (x, y) in parts.items():
         counts[split] = int(len(y))
@@ -245,6 +294,7 @@ def _write(raw: RawDataset, out: Path, tmp: Path, tr_idx: np.ndarray, va_idx: np
         "format_version": FORMAT_VERSION,
         "name": raw.name,
         "class_names": list(raw.class_names),
+        "label_values": list(values),
         "shape": list(raw.train.x.shape[1:]),
         "splits": counts,
         "mean": mean,
@@ -265,10 +315,40 @@ def _write(raw: RawDataset, out: Path, tmp: Path, tr_idx: np.ndarray, va_idx: np
     _replace_dir(tmp, out, force)
 
 
-def meta_checksum(meta: dict) -> str:
-    """sha256 of ``meta`` without its own ``meta_sha256``, in a canonical JSON form."""
-    body = {k: v for k, v in meta.items() if k != "meta_sha256"}
-    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+def check_classes(raw: RawDataset, labels: dict[str, np.ndarray], val_size: int) -> tuple[int, ...]:
+    """The label values of ``raw``'s classes, once its splits' class indices (``labels``:
+    split -> y) are checked: each in 0..K-1, one value per class, and no class in val or test
+    that the training split never has (an error naming it). A class no split has an image of
+    (one that only the class names define) is a warning."""
+    k = raw.num_classes
+    values = raw.values
+    if len(values) != k or len(set(values)) != k:
+        raise ValueError(f"{raw.name}: {len(values)} label values for {k} class names (or repeated values)")
+    counts = {}
+    for split, y in labels.items():
+        check_labels(y, k, f"{raw.name} ({split})")
+        counts[split] = np.bincount(y, minlength=k) if len(y) else np.zeros(k, np.int64)
+
+    def cls(i: int) -> str:
+        v, n = values[i], raw.class_names[i]
+        return f"{v}" if n == str(v) else f"{v} ('{n}')"
+
+    train = counts["train"]
+    for split in ("val", "test"):
+        lost = np.flatnonzero((counts.get(split, train) > 0) & (train == 0))
+        if len(lost):
+            i = int(lost[0])
+            why = (f"--val-size {val_size} leaves {int(sum(train))} training images for "
+                   f"{int(np.count_nonzero(sum(counts.values())))} classes: pass a smaller --val-size"
+                   if split == "val" else "the model could never learn it")
+            raise MnistflowError(f"class {cls(i)} has {split} images but no training image; {why}")
+    empty = np.flatnonzero(sum(counts.values()) == 0)
+    if len(empty):
+        from mnistflow.core.log import warn
+
+        warn(f"{raw.name}: {len(empty)} class(es) named but without any image: "
+             + ", ".join(cls(int(i)) for i in empty[:5]) + (", ..." if len(empty) > 5 else ""))
+    return values
 
 
 def _owner() -> str:
@@ -363,152 +443,6 @@ def _replace_dir(tmp: Path, out: Path, force: bool) -> None:
         os.close(fd)
 
 
-def read_meta(path: Path) -> dict:
-    """``meta.json`` of a record set, its checksum and every field's type checked."""
-    path = Path(path)
-    mp = path / "meta.json"
-    if not mp.is_file():
-        fail(path, "not a records directory (no meta.json); run 'mnistflow prep' first")
-    try:
-        with open_regular(mp) as f:
-            text = f.read(1 << 24)  # names and checksums: kilobytes, not megabytes
-        meta = json.loads(text)
-    except (ValueError, UnicodeDecodeError, RecursionError) as e:
-        fail(mp, f"unreadable metadata ({e})")
-    if not isinstance(meta, dict) or "format_version" not in meta:
-        fail(mp, "not mnistflow record metadata")
-    v = meta["format_version"]
-    if not isinstance(v, int) or v > FORMAT_VERSION:
-        fail(path, f"written by a newer mnistflow (record format {v}; this version reads up to "
-                   f"{FORMAT_VERSION}): upgrade mnistflow or {_REPREP}")
-    for k in ("name", "class_names", "shape", "splits", "mean", "std", "files"):
-        if k not in meta:
-            fail(mp, f"metadata lacks '{k}'")
-    if "meta_sha256" in meta and meta["meta_sha256"] != meta_checksum(meta):
-        fail(mp, f"checksum does not match its content: the record set is corrupt or was "
-                 f"edited; {_REPREP}")
-    _check_meta(mp, meta)
-    return meta
-
-
-def _is_int(v, lo: int = 0) -> bool:
-    return type(v) is int and v >= lo
-
-
-def _check_meta(mp: Path, meta: dict) -> None:
-    """Every field has the type and range the loaders rely on (a hand-edited or damaged
-    meta.json is an error here, not an IndexError in training)."""
-    def bad(what: str) -> "NoReturn":  # noqa: F821
-        fail(mp, f"{what}: the record set is inconsistent; {_REPREP}")
-
-    names, shape, splits = meta["class_names"], meta["shape"], meta["splits"]
-    if not isinstance(meta["name"], str):
-        bad("'name' is not a string")
-    if (not isinstance(names, list) or not 1 <= len(names) <= MAX_CLASSES
-            or not all(isinstance(n, str) for n in names)):
-        bad(f"'class_names' should be 1..{MAX_CLASSES:,} strings")
-    if (not isinstance(shape, list) or len(shape) != 3 or not all(_is_int(n, 1) for n in shape)
-            or math.prod(shape) > 1 << 28):
-        bad(f"'shape' should be [H, W, C] of positive sizes, got {str(shape)[:60]}")
-    if (not isinstance(splits, dict) or not set(splits) <= set(SPLITS)
-            or not all(_is_int(n) for n in splits.values())):
-        bad(f"'splits' should map {', '.join(SPLITS)} to image counts")
-    c = shape[2]
-    for k in ("mean", "std"):
-        vals = meta[k]
-        if (not isinstance(vals, list) or len(vals) != c
-                or not all(isinstance(x, (int, float)) and math.isfinite(x) for x in vals)):
-            bad(f"'{k}' should be {c} finite numbers (one per channel)")
-    if not all(x > 0 for x in meta["std"]):
-        bad("'std' should be positive")
-    if not _is_int(meta.get("variants", 0)):
-        bad("'variants' should be a count")
-    files = meta["files"]
-    if not isinstance(files, dict) or not all(
-            isinstance(n, str) and isinstance(d, str) for n, d in files.items()):
-        bad("'files' should map file names to checksums")
-    expected = payload_files(meta)
-    for n in files:  # only the set's own files: never a path out of the directory
-        if n not in expected:
-            bad(f"'files' names '{n[:60]}', which is not a file of this record set")
-    missing = [n for n in expected if n not in files]
-    if missing:
-        bad(f"'files' lacks {', '.join(missing)} (not covered by a checksum)")
-
-
-def payload_files(meta: dict) -> dict[str, tuple[str, tuple[int, ...]]]:
-    """{file name: (dtype, shape)} of every payload file ``meta`` says the set holds."""
-    shape = tuple(meta["shape"])
-    out: dict[str, tuple[str, tuple[int, ...]]] = {}
-    for split in SPLITS:
-        n = meta["splits"].get(split, 0)
-        if n:
-            out[f"{split}_x.npy"] = ("|u1", (n, *shape))
-            out[f"{split}_y.npy"] = ("<i8", (n,))
-    for k in range(1, int(meta.get("variants", 0)) + 1):
-        out[f"train_x.aug{k}.npy"] = ("|u1", (meta["splits"].get("train", 0), *shape))
-    return out
-
-
-def _npy_header(p: Path) -> tuple[np.dtype, tuple[int, ...], bool, int]:
-    """(dtype, shape, fortran order, data offset) of a .npy file, read without loading it."""
-    fmt = np.lib.format
-    try:
-        with open_regular(p) as f:
-            major, _ = fmt.read_magic(f)
-            if major not in (1, 2, 3):
-                raise ValueError(f"unknown .npy format version {major}")
-            reader = fmt.read_array_header_1_0 if major == 1 else fmt.read_array_header_2_0
-            shape, fortran, dtype = reader(f, max_header_size=1 << 16)
-            return dtype, shape, fortran, f.tell()
-    except MnistflowError:
-        raise
-    except Exception as e:  # header errors come in many kinds
-        fail(p, f"not a readable .npy array ({type(e).__name__}: {e}); {_REPREP}")
-
-
-def check_consistent(path: Path, meta: dict) -> None:
-    """The payload files hold what ``meta`` says: dtype, shape and size from each header
-    (nothing is loaded), then the labels' range. One line naming the file otherwise."""
-    path = Path(path)
-    for name, (dtype, shape) in payload_files(meta).items():
-        p = path / name
-        if not p.exists():
-            fail(p, "missing from the record set")
-        dt, sh, fortran, offset = _npy_header(p)
-        if dt.str != dtype or dt.hasobject or fortran or tuple(sh) != shape:
-            fail(p, f"holds {dt} {tuple(sh)}, but meta.json says {np.dtype(dtype)} {shape}: "
-                    f"the record set is inconsistent; {_REPREP}")
-        size = p.stat().st_size
-        if size != offset + math.prod(shape) * dt.itemsize:
-            fail(p, f"is {size:,} bytes, not the {offset + math.prod(shape) * dt.itemsize:,} its "
-                    f"{shape} array takes: the record set is truncated or corrupt; {_REPREP}")
-    k = len(meta["class_names"])
-    for split in SPLITS:
-        if meta["splits"].get(split, 0):
-            p = path / f"{split}_y.npy"
-            y = np.load(p, mmap_mode="r", allow_pickle=False)
-            lo, hi = int(y.min()), int(y.max())
-            if lo < 0 or hi >= k:
-                bad = lo if lo < 0 else hi
-                fail(p, f"label {bad} is outside 0..{k - 1} ({k} classes in meta.json): the "
-                        f"record set is inconsistent; {_REPREP}")
-
-
-def verify(path: Path, meta: dict | None = None) -> None:
-    """Check every payload file against the checksum recorded in meta.json."""
-    path = Path(path)
-    meta = meta or read_meta(path)
-    for name, digest in meta["files"].items():
-        p = path / name
-        if not p.exists():
-            fail(p, "missing from the record set")
-        check_regular(p)
-        if sha256_file(p) != digest:
-            fail(p, "checksum does not match meta.json: the record set is corrupt; "
-                    "re-run 'mnistflow prep --force'")
-
-
 def open_records(path: Path | str, verify_checksums: bool = True) -> Records:
     """Open a record set: meta.json checked, the files' checksums verified (unless told
     not to), then the files checked against meta.json (headers, sizes, label range)."""
@@ -528,7 +462,7 @@ def describe(rec: Records) -> str:
         f"records   {rec.path}",
         f"dataset   {m['name']}  (format {m['format_version']})",
         f"images    {h}x{w}x{c} uint8",
-        f"classes   {rec.num_classes}: {', '.join(rec.class_names)}",
+        f"classes   {rec.num_classes}: labels {summarize_values(rec.label_values)}",
     ]
     for s in SPLITS:
         lines.append(f"{s:<9} {m['splits'].get(s, 0):,}")
@@ -536,4 +470,21 @@ def describe(rec: Records) -> str:
     lines.append("mean/std  " + ", ".join(f"{a:.2f}/{b:.2f}" for a, b in zip(m["mean"], m["std"])))
     size = sum((rec.path / f).stat().st_size for f in m["files"])
     lines.append(f"size      {size / 2**20:.1f} MiB in {len(m['files'])} files")
-    return "\n".join(lines)
+    return "\n".join(lines) + "\n\n" + class_table(rec)
+
+
+def class_table(rec: Records) -> str:
+    """One row per class: its label value, name and images in each split, and the totals."""
+    counts = {s: rec.class_counts(s) for s in SPLITS}
+    rows = [(str(v), n, *(f"{int(counts[s][i]):,}" for s in SPLITS))
+            for i, (v, n) in enumerate(zip(rec.label_values, rec.class_names))]
+    rows.append(("", "total", *(f"{int(counts[s].sum()):,}" for s in SPLITS)))
+    head = ("label", "name", *SPLITS)
+    wv = max(len(head[0]), *(len(r[0]) for r in rows))
+    wn = min(max(len(head[1]), *(len(r[1]) for r in rows)), 24)
+    wc = [max(len(head[2 + j]), *(len(r[2 + j]) for r in rows)) for j in range(len(SPLITS))]
+
+    def line(r) -> str:
+        return (f"{r[0]:>{wv}}  {r[1][:wn]:<{wn}}" + "".join(f"  {c:>{w}}" for c, w in zip(r[2:], wc))).rstrip()
+
+    return "\n".join([line(head)] + [line(r) for r in rows])

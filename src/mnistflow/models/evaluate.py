@@ -76,6 +76,7 @@ def evaluate(model: nn.Module | Callable[[torch.Tensor], torch.Tensor], loader, 
     if cm is not None:
         m = cm.view(num_classes, num_classes).cpu()
         out["confusion"] = m.tolist()
+        out["per_class_n"] = m.sum(1).tolist()  # true images of each class
         rows = m.sum(1).clamp(min=1)
         out["per_class_acc"] = (m.diag() / rows).tolist()
     return out

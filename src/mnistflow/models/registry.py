@@ -52,3 +52,28 @@ def create_model(name: str, in_shape: tuple[int, int, int] = (1, 28, 28),
     if name not in _REGISTRY and looks_like_spec(name):
         return build_from_spec(name, in_shape, num_classes)
     return get_entry(name).factory(in_shape=tuple(in_shape), num_classes=num_classes, **kwargs)
+
+
+# Inputs up to this many values (channels x pixels, above any known dataset's 3x32x32) are built
+# on the CPU; larger ones on the meta device, where a layer's weights take no memory whatever
+# their size (its first use costs ~1 s of imports, so the usual listing does not pay it).
+META_ABOVE = 3 * 64 * 64
+
+
+def parameter_count(name: str, shape: tuple[int, int, int], classes: int) -> int:
+    """Parameters of model ``name`` for input ``shape`` (C, H, W), in bounded memory."""
+    import math
+
+    import torch
+
+    if math.prod(shape) <= META_ABOVE:
+        model = create_model(name, shape, classes)
+    else:
+        try:
+            with torch.device("meta"):
+                model = create_model(name, shape, classes)
+        except (NotImplementedError, RuntimeError) as e:  # it computes values while it is built
+            raise MnistflowError(f"cannot count its parameters for input {'x'.join(map(str, shape))} "
+                                 f"without building it ({type(e).__name__}); try a smaller --input",
+                                 name) from None
+    return sum(p.numel() for p in model.parameters())

@@ -49,11 +49,12 @@ class SplitPredictions:
 
     split: str
     images: np.ndarray  # (N, H, W, C) uint8
-    labels: np.ndarray  # (N,)
+    labels: np.ndarray  # (N,) the model's output index of each image's true class
     probs: np.ndarray  # (N, K)
-    class_names: list[str]
+    class_names: list[str]  # shown for each output: the class name (its label value if unnamed)
     model: str
     dataset: str
+    label_values: list[int] | None = None  # the original label of each output (None: 0..K-1)
     confusion: np.ndarray = field(init=False)
 
     def __post_init__(self):
@@ -109,6 +110,7 @@ def predict_split(run_dir: str | Path, *, data: str | Path | None = None, device
     """The model of ``run_dir`` on the test split (else validation) of its records, per image;
     ``data`` (records or raw input) replaces the records the model was trained on."""
     from mnistflow.artifacts.load import load_any
+    from mnistflow.artifacts.model_file import outputs_of_records
     from mnistflow.artifacts.predictor import as_predictor
     from mnistflow.data import open_data
     from mnistflow.runtime.cpu import set_threads
@@ -122,9 +124,12 @@ def predict_split(run_dir: str | Path, *, data: str | Path | None = None, device
         raise MnistflowError(f"records hold {rec.shape} images but the model takes "
                              f"{tuple(info.in_shape)} (C, H, W)", rec.path)
     split = "test" if rec.has("test") else "val"
+    outputs = outputs_of_records(info, rec, split)  # the records' classes -> the model's outputs
     x, y = rec.split(split)
+    if outputs is not None:
+        y = np.asarray(outputs, np.int64)[y]
     predictor = as_predictor(model, info)
     probs = np.concatenate([predictor.predict(np.array(x[i:i + batch_size]))
                             for i in range(0, len(y), batch_size)] or [np.zeros((0, info.num_classes))])
     return SplitPredictions(split, np.asarray(x), np.asarray(y, dtype=np.int64), probs,
-                            info.class_names, info.model, info.dataset or rec.name)
+                            info.class_names, info.model, info.dataset or rec.name, info.values)

@@ -10,7 +10,9 @@
 
 Routes: ``GET /`` the page (static files under ``/static``, nothing from the network),
 ``POST /api/predict`` (an image body or JSON pixels; see ``inputs`` for the preprocessing
-rule) -> ``{"label", "class_name", "probabilities", "model", "latency_ms", "preprocess"}``,
+rule) -> ``{"label", "name", "class_name", "index", "probabilities", "model", "latency_ms",
+"preprocess"}`` (``label``: the data's own label value, e.g. 1..26; ``index``: the model
+output, the position in ``probabilities``; ``name`` = ``class_name``: the class's name),
 plus ``input``, the picture the model saw (H x W or H x W x C), with ``?input=1`` (the page
 shows it); ``GET /api/model``;
 ``GET /healthz``. Bad requests get a 4xx and ``{"error": "..."}``; the server keeps serving.
@@ -73,6 +75,7 @@ def describe(pred: Predictor, limits: Limits | None = None) -> dict:
         "model": info.model, "dataset": info.dataset, "backend": pred.backend,
         "params": pred.params, "in_shape": [c, h, w], "input_size": f"{h}x{w}x{c}",
         "class_names": list(info.class_names), "num_classes": info.num_classes,
+        "label_values": info.values,
         "test_acc": metrics.get("test_acc"), "val_acc": metrics.get("val_acc"),
         "background": "dark" if sum(info.mean) / len(info.mean) < 127 else "light",
         "max_body_bytes": limits.max_body if limits else MAX_BODY,
@@ -97,7 +100,8 @@ def classify(pred: Predictor, body: bytes, content_type: str, mode: str | None,
     if not np.isfinite(p).all():
         raise RuntimeError("the model returned non-finite probabilities")
     k = int(p.argmax())
-    res = {"label": k, "class_name": pred.info.class_names[k],
+    name = pred.info.class_names[k]
+    res = {"label": pred.info.label(k), "name": name, "class_name": name, "index": k,
            "probabilities": [round(float(v), 6) for v in p], "model": pred.info.model,
            "preprocess": used}
     if with_input:

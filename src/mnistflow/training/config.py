@@ -41,6 +41,10 @@ MAX_THREADS = 1024  # the same as runtime.cpu.MAX_THREADS (that module imports t
 MAX_INT = 2**63 - 1  # an integer setting reaches tensors and numpy: int64
 MAX_TOML_BYTES = 1 << 20  # a configuration file is a few hundred bytes; refuse what is not one
 DATA_DELAY_ENV = "MNISTFLOW_INJECT_DATA_DELAY"  # tests: seconds the training reader sleeps per batch
+# --augment: the policies of data.augment (that module imports torch: not here; a test keeps
+# the two lists equal). Before policies it was a switch: true is auto, false is off.
+AUGMENT_CHOICES = ("auto", "off", "glyphs", "clothing", "photos", "shifts")
+AUGMENT_SWITCH = {True: "auto", False: "off"}
 
 
 @dataclass(frozen=True)
@@ -175,9 +179,13 @@ class TrainConfig:
     step_gamma: float = setting(0.7, "optimization", "--schedule step: the factor of each decay", above=0)
     label_smoothing: float = setting(0.0, "optimization", "label smoothing of the cross-entropy, in [0, 1)",
                                      at_least=0, below=1)
-    augment: bool = setting(
-        False, "data", "augment the training batches on the device (digits: small shifts and "
-                       "rotations; colour images: padded crops and flips)")
+    augment: str = setting(
+        "off", "data", "augment the training batches on the device: auto (the dataset's own policy; "
+                       "shifts for inputs it does not know), off, or a policy: glyphs (small shifts "
+                       "and rotations, never flips: digits, letters), clothing (horizontal flips and "
+                       "shifted crops), photos (padded crops, flips and cutout), shifts (small shifts "
+                       "only); the run records the policy it used",
+        choices=AUGMENT_CHOICES)
     train_on: str = setting(
         "train", "data", "train, or train+val: every labelled image (no validation passes then)",
         choices=TRAIN_ON)
@@ -246,6 +254,11 @@ class TrainConfig:
     quiet: bool = setting(
         False, "logging", "no progress lines or warnings on the console (warnings stay in summary.json)")
 
+    def __post_init__(self) -> None:
+        # augment=True/False, as it was before policies (the Python API, old configurations)
+        if isinstance(self.augment, bool):
+            object.__setattr__(self, "augment", AUGMENT_SWITCH[self.augment])
+
 
 def flag(name: str) -> str:
     """The command-line flag of field ``name``: ``batch_size`` -> ``--batch-size``."""
@@ -309,6 +322,8 @@ def load_toml(path: str | Path) -> dict:
         raise MnistflowError(f"not valid TOML ({str(e).splitlines()[0]})", p) from None
     d.pop("version", None)  # written by save_toml for the reader's benefit
     _check_keys(d, str(p))
+    if isinstance(d.get("augment"), bool):  # a configuration from before augmentation policies
+        d["augment"] = AUGMENT_SWITCH[d["augment"]]
     for key, value in d.items():
         try:
             check_value(key, value, label=key)

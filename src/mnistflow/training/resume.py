@@ -25,6 +25,7 @@ from mnistflow.artifacts import checkpoint, rundir
 from mnistflow.artifacts.rundir import RunDir
 from mnistflow.core.errors import MnistflowError
 from mnistflow.core.fsutil import atomic_write_text
+from mnistflow.data.augment import legacy_policy
 from mnistflow.data.records import Records
 from mnistflow.runtime import dist
 from mnistflow.training.config import TrainConfig, load_toml
@@ -50,13 +51,28 @@ def data_fingerprint(rec: Records) -> dict:
             "sha256": hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()}
 
 
+def saved_config(payload: dict) -> dict:
+    """A checkpoint's configuration, in today's terms: ``augment`` true/false (saved before
+    augmentation policies) becomes the policy that run used (``augment.legacy_policy`` of its
+    data's channels), so that it continues with the very same augmentation."""
+    config = dict(payload["config"])
+    if isinstance(config.get("augment"), bool):
+        shape = (payload.get("data") or {}).get("shape") or [0, 0, 1]
+        config["augment"] = legacy_policy(int(shape[-1])) if config["augment"] else "off"
+    return config
+
+
 def resume_differences(old: dict, cfg: TrainConfig, old_data: dict | None = None,
                        data: dict | None = None, *, old_world: int = 1, world: int = 1) -> list[str]:
     """``key: old -> new`` for each setting that changes the model or data. ``old_world`` and
-    ``world``: the numbers of processes of the checkpoint's run and of this one."""
+    ``world``: the numbers of processes of the checkpoint's run and of this one. ``old``: the
+    checkpoint's configuration (:func:`saved_config`); a ``--augment auto`` not resolved yet
+    (the records not opened) is compared once it is."""
     diffs = []
     for k in RESUME_IDENTITY:
         if k not in old:
+            continue
+        if k == "augment" and cfg.augment == "auto":
             continue
         if k == "batch_size" and old_world != world:
             if old[k] * old_world != cfg.batch_size * world:
@@ -143,7 +159,7 @@ def config_base(path: Path, given_batch: bool, known: set[str], *, keep_threads:
     ``keep_threads``: the thread count the run used so far (the bits depend on it), unless the
     user chose one (then it is left out: their choice applies)."""
     saved = load(path, keep=True)  # fit() takes this very payload
-    base = {k: v for k, v in saved["config"].items() if k in known - {"resume", "run_dir"}}
+    base = {k: v for k, v in saved_config(saved).items() if k in known - {"resume", "run_dir"}}
     old_world = int(saved["train_state"].get("world_size", 1))
     keep_global_batch(base, old_world, given_batch)
     if not keep_threads:
@@ -210,7 +226,7 @@ class Resume:
 
     def check(self, cfg: TrainConfig, world: int, rec: Records | None = None) -> None:
         """RESUME_IDENTITY (and, with ``rec``, the data): a difference is an error listing them."""
-        diffs = resume_differences(self.payload["config"], cfg, self.payload.get("data") if rec else None,
+        diffs = resume_differences(saved_config(self.payload), cfg, self.payload.get("data") if rec else None,
                                    data_fingerprint(rec) if rec else None, old_world=self.world_size,
                                    world=world)
         if diffs:

@@ -22,6 +22,7 @@ import torch
 from mnistflow.artifacts.rundir import CONFIG, RunBusy, RunDir, RunLock
 from mnistflow.core.errors import MnistflowError, display
 from mnistflow.core.log import note, warn
+from mnistflow.data.augment import resolve_policy
 from mnistflow.data.loader import StreamLoader, make_loader
 from mnistflow.data.normalize import normalize
 from mnistflow.data.records import Records, open_records
@@ -263,6 +264,21 @@ def check_input(model: torch.nn.Module, in_shape: tuple[int, int, int], num_clas
                              f"(N, {num_classes}): one score per class")
 
 
+def _resolve_augment(cfg: TrainConfig, rec: Records, info: dist.DistInfo,
+                     resume: resumemod.Resume | None) -> TrainConfig:
+    """``--augment auto`` as the policy it means for these records (what config.toml and the
+    summary record): the known dataset's own policy, ``shifts`` for other inputs (a note says
+    so). A resumed run keeps the policy it was trained with."""
+    if cfg.augment != "auto":
+        return cfg
+    if resume is not None:
+        return dataclasses.replace(cfg, augment=resumemod.saved_config(resume.payload).get("augment") or "off")
+    policy, why = resolve_policy("auto", rec.name)
+    if why and info.is_primary:
+        note(why)
+    return dataclasses.replace(cfg, augment=policy)
+
+
 def _preflight_memory(cfg: TrainConfig, rec: Records, model: torch.nn.Module, in_shape) -> None:
     """Refuse, before any work, a setting whose memory estimate would make the machine swap."""
     splits = [rec.split(s)[0] for s in ("train", "val", "test") if rec.has(s)]
@@ -318,6 +334,7 @@ def build_run(cfg: TrainConfig, run_dir: Path, device: torch.device, info: dist.
         cfg = dataclasses.replace(cfg, batch_size=batch)
         if info.is_primary and not cfg.quiet:
             print(f"batch size auto: {batch} ({why})")
+    cfg = _resolve_augment(cfg, rec, info, resume)
     if cfg.whiten:  # a model it cannot whiten fails here, before any work
         from mnistflow.models.whiten import first_conv
 

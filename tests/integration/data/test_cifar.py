@@ -181,7 +181,10 @@ def test_errors(tmp_path):
 
 
 def test_cli_prep_and_records(tmp_path):
-    p = make_tar(tmp_path / "cifar-10-python.tar.gz", fake_members(sizes=(6, 6)))
+    members = fake_members(sizes=(6, 6))  # the test batch draws from the classes train has:
+    train_labels = pickle.loads(members["data_batch_1"])[b"labels"]  # a class only in test is an error
+    members["test_batch"] = pickle.dumps(batch(6, 99, labels=train_labels), protocol=2)
+    p = make_tar(tmp_path / "cifar-10-python.tar.gz", members)
     out = tmp_path / "rec"
     proc = run_cli("prep", "--data", str(p), "--out", str(out), "--val-size", "5")
     assert proc.returncode == 0, proc.stderr

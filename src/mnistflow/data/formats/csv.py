@@ -5,8 +5,9 @@
 * P pixels make a grey image when P is a square (s*s -> s x s x 1), else an RGB image when
   P/3 is a square, stored **channel-last** (r,g,b of pixel 0, then of pixel 1, ... row-major:
   the order of ``x.reshape(N, -1)`` for ``x`` of shape (N, s, s, 3)).
-* Pixels are integers 0..255 (``12.0`` is accepted as 12); labels are integers >= 0 and the
-  classes are "0".."K-1" with K = the largest label + 1.
+* Pixels are integers 0..255 (``12.0`` is accepted as 12); labels are integers >= 0, and the
+  classes are the values the training rows use (labels 1..26 make 26 classes named "1".."26";
+  ``raw.from_original_labels``).
 * Test split: for ``<a>train<b>.csv`` a sibling ``<a>test<b>.csv`` (same folder) is read as
   the test split (``companion_files`` names it); a sibling without a label column (one column
   fewer, like Kaggle's unlabelled ``test.csv``) is ignored.
@@ -28,8 +29,7 @@ from mnistflow.data.formats.raw import (
     RawDataset,
     RawSplit,
     check_dataset_bytes,
-    check_labels,
-    class_count,
+    dataset_from_labels,
 )
 
 _CHUNK = 4096
@@ -202,6 +202,7 @@ def read_csv(path: str | os.PathLike, name: str | None = None) -> RawDataset:
     path = Path(path)
     x, y = _read_split(path, _rows(path))
     test = None
+    test_path = None
     files = [path]
     for sib in companion_files(path):
         if _first_row(sib).count(",") == x[0].size - 1:
@@ -209,9 +210,8 @@ def read_csv(path: str | os.PathLike, name: str | None = None) -> RawDataset:
         tx, ty = _read_split(sib, _rows(sib))
         if tx.shape[1:] != x.shape[1:]:
             fail(sib, f"test images are {tx.shape[1:]} but {path.name} has {x.shape[1:]}")
-        test = RawSplit(tx, ty)
+        test, test_path = RawSplit(tx, ty), sib
         files.append(sib)
-    k = class_count(path, y, test.y if test is not None else None)
-    check_labels(y, k, path)
     stem = path.name.split(".")[0]
-    return RawDataset(name or stem, [str(i) for i in range(k)], RawSplit(x, y), test, files)
+    return dataset_from_labels(name or stem, RawSplit(x, y), test, files, where=path,
+                               test_where=test_path)

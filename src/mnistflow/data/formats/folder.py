@@ -1,6 +1,7 @@
 """A folder of class folders of images -> ``RawDataset``.
 
     DIR/<class>/*.png|jpg           one sub-folder per class; class names = sorted folder names
+                                    (class i is the i-th name: the names are what users see)
     DIR/train/<class>/ + DIR/test/<class>/   (or training/ + testing/): with a test split
 
 Images are decoded with Pillow. Grey images give C=1; if any image has colour, every
@@ -16,8 +17,13 @@ from pathlib import Path
 import numpy as np
 
 from mnistflow.core.errors import MnistflowError, fail
-from mnistflow.data.formats.raw import RawDataset, RawSplit, check_dataset_bytes
 from mnistflow.data.formats.image import open_picture
+from mnistflow.data.formats.raw import (
+    RawDataset,
+    RawSplit,
+    check_dataset_bytes,
+    dataset_from_labels,
+)
 
 IMAGE_EXTS = {".png", ".jpg", ".jpeg", ".bmp"}
 _GREY_MODES = {"1", "L", "LA", "La", "I", "I;16", "I;16B", "I;16L", "I;16N", "F"}
@@ -160,4 +166,5 @@ def read_image_folder(path: str | os.PathLike, resize: tuple[int, int] | None = 
     if test_root is not None:
         test = RawSplit(x[n:], np.asarray(tys, np.int64))
     files = sorted(p for p in path.rglob("*") if p.is_file() and not p.name.startswith("."))
-    return RawDataset(name or path.resolve().name, classes, train, test, files)
+    return dataset_from_labels(name or path.resolve().name, train, test, files, classes,
+                               where=train_root, test_where=test_root)

@@ -1,7 +1,10 @@
 """IDX files (MNIST's own format), gzipped or not, validated strictly.
 
 Layout: 2 zero bytes, a type code, the number of dimensions d, then d big-endian
-uint32 sizes, then the data. MNIST uses type 0x08 (uint8): images (N, 28, 28), labels (N,).
+uint32 sizes, then the data. MNIST uses type 0x08 (uint8): images (N, 28, 28), labels (N,);
+QMNIST's labels are int32 (N, 8) rows whose first column is the digit. A file is a path or a
+``ZipMember`` (EMNIST ships every split in one zip: its members are read in place, never
+extracted).
 
 Files are streamed: the header is checked from the first bytes, then exactly the declared
 size is read into one array (more is refused). Before anything is allocated, the declared
@@ -13,9 +16,12 @@ from __future__ import annotations
 import contextlib
 import gzip
 import math
+import zipfile
 import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Iterator
+from typing import BinaryIO
 
 import numpy as np
 
@@ -26,6 +32,61 @@ _DTYPES = {0x08: np.uint8, 0x09: np.int8, 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4",
 GZIP_MAX_RATIO = 1032  # deflate's largest expansion (258 bytes per 2 bits, plus framing)
 _GZIP_ERRORS = (EOFError, OSError, zlib.error)
 _CHUNK = 1 << 24
+_ZIP_ERRORS = (zipfile.BadZipFile, zipfile.LargeZipFile, NotImplementedError, RuntimeError,
+               EOFError, OSError, zlib.error)
+
+
+@dataclass(frozen=True)
+class ZipMember:
+    """One file inside a zip archive, named ``archive:member`` in messages."""
+    archive: Path
+    member: str
+
+    def __str__(self) -> str:
+        return f"{self.archive}:{self.member}"
+
+
+def zip_names(archive: Path | str) -> list[str]:
+    """The member names of a zip archive (its central directory only is read)."""
+    with open_regular(archive) as f:
+        try:
+            with zipfile.ZipFile(f) as z:
+                return z.namelist()
+        except _ZIP_ERRORS as e:
+            fail(archive, f"not a readable zip archive ({e})")
+
+
+@contextlib.contextmanager
+def open_member(src: ZipMember) -> Iterator[tuple[BinaryIO, int, bool]]:
+    """(stream, size, gzipped) for a zip member, as ``open_input`` gives for a file. ``size``
+    is the most bytes the member can hold: its declared size, bounded by what its stored
+    bytes can expand to (a forged directory entry cannot raise the reader's limits). The
+    member is decompressed as it is read; zipfile checks its CRC at the end."""
+    with open_regular(src.archive) as f:
+        archive_size = f.seek(0, 2)
+        f.seek(0)
+        try:
+            z = zipfile.ZipFile(f)
+        except _ZIP_ERRORS as e:
+            fail(src.archive, f"not a readable zip archive ({e})")
+        with z:
+            try:
+                info = z.getinfo(src.member)
+            except KeyError:
+                fail(src.archive, f"has no member {src.member}")
+            stored = min(info.compress_size, archive_size)
+            size = min(info.file_size, stored if info.compress_type == zipfile.ZIP_STORED
+                       else max_expanded(stored, True))
+            try:
+                with z.open(info) as m:
+                    gz = m.peek(2)[:2] == b"\x1f\x8b"
+                    if src.member.endswith(".gz") and not gz:
+                        fail(src, "not a gzip file (bad magic bytes)")
+                    yield (gzip.GzipFile(fileobj=m, mode="rb") if gz else m), size, gz
+            except MnistflowError:
+                raise
+            except _ZIP_ERRORS as e:
+                fail(src, f"corrupt or truncated zip member ({getattr(e, 'strerror', None) or e})")
 
 
 @contextlib.contextmanager
@@ -52,6 +113,12 @@ def open_input(path: Path | str, gz: bool | None = None) -> Iterator[tuple[Binar
             if not gz:
                 fail(path, f"cannot read: {getattr(e, 'strerror', None) or e}")
             fail(path, f"corrupt or truncated gzip data ({e})")
+
+
+def open_source(src: Path | str | ZipMember, gz: bool | None = None,
+                ) -> contextlib.AbstractContextManager[tuple[BinaryIO, int, bool]]:
+    """``open_input`` for a file, ``open_member`` for a zip member (gzip told by its bytes)."""
+    return open_member(src) if isinstance(src, ZipMember) else open_input(src, gz)
 
 
 def max_expanded(size: int, gz: bool) -> int:
@@ -103,11 +170,13 @@ def parse_idx(data: bytes, path: Path | str = "<bytes>") -> np.ndarray:
     return np.frombuffer(data, dtype, offset=header).reshape(shape)
 
 
-def read_idx(path: Path | str, max_bytes: int | None = None) -> np.ndarray:
-    """Read one IDX(.gz) file into a read-only array, streamed; the declared size is
-    checked against what the file can hold and ``max_bytes`` (default
-    ``MAX_DATASET_BYTES``) before it is allocated."""
-    with open_input(path) as (f, size, gz):
+def read_idx(path: Path | str | ZipMember, max_bytes: int | None = None, *,
+             transpose: bool = False) -> np.ndarray:
+    """Read one IDX(.gz) file (or zip member) into a read-only array, streamed; the declared
+    size is checked against what the file can hold and ``max_bytes`` (default
+    ``MAX_DATASET_BYTES``) before it is allocated. ``transpose`` swaps the last two axes of
+    every item in place (EMNIST stores its images transposed)."""
+    with open_source(path) as (f, size, gz):
         code, ndim = _header(_read_exact(f, 4), path)
         shape = _shape(_read_exact(f, 4 * ndim), ndim, path)
         dtype = np.dtype(_DTYPES[code])
@@ -140,18 +209,37 @@ def read_idx(path: Path | str, max_bytes: int | None = None) -> np.ndarray:
             many = f"more than {_CHUNK:,}" if extra > _CHUNK else str(extra)
             fail(path, f"{many} unexpected trailing bytes after the {shape} array")
     arr = buf.view(dtype).reshape(shape)
+    if transpose:
+        _transpose_items(arr, path)
     arr.flags.writeable = False
     return arr
 
 
-def read_idx_pair(images: Path, labels: Path) -> tuple[np.ndarray, np.ndarray]:
-    """Images as (N, H, W, 1) uint8 and labels as (N,) int64, checked against each other."""
-    x = read_idx(images)
+def _transpose_items(arr: np.ndarray, path: Path | str | ZipMember) -> None:
+    """Swap the last two axes of each item in place, a few MB at a time (no second copy of
+    a large dataset); the items must be square."""
+    if arr.ndim != 3 or arr.shape[1] != arr.shape[2]:
+        fail(path, f"expected square images (N, H, H) to turn upright, got shape {arr.shape}")
+    step = max(1, (1 << 22) // max(1, arr.itemsize * arr.shape[1] * arr.shape[2]))
+    for i in range(0, len(arr), step):
+        arr[i:i + step] = arr[i:i + step].transpose(0, 2, 1).copy()
+
+
+def read_idx_pair(images: Path | ZipMember, labels: Path | ZipMember, *,
+                  transpose: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """Images as (N, H, W, 1) uint8 and labels as (N,) int64, checked against each other.
+    A rank-2 integer label file (QMNIST's: one row of facts per image) gives its first
+    column. ``transpose``: the images are stored transposed (EMNIST); they come out upright."""
+    x = read_idx(images, transpose=transpose)
     y = read_idx(labels)
     if x.ndim not in (3, 4) or x.dtype != np.uint8:
         fail(images, f"expected uint8 images of rank 3 or 4, got {x.dtype} of shape {x.shape}")
-    if y.ndim != 1:
-        fail(labels, f"expected a rank-1 label file, got shape {y.shape}")
+    if y.ndim == 2 and y.dtype.kind in "iu" and y.shape[1] >= 1:
+        y = y[:, 0]  # QMNIST: column 0 is the class, the others its provenance
+    elif y.ndim != 1:
+        fail(labels, f"expected a rank-1 label file (or rank-2 integer rows), got shape {y.shape}")
+    if y.dtype.kind not in "iu":
+        fail(labels, f"expected integer labels, got {y.dtype}")
     if len(x) != len(y):
         fail(labels, f"{len(y)} labels for {len(x)} images in {Path(images).name}")
     if x.ndim == 3:

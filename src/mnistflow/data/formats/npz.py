@@ -2,7 +2,8 @@
 
 Opened with ``allow_pickle=False``: an object (pickled) array is refused. Images are
 (N, H, W) or (N, H, W, C) with C in {1, 3}; uint8, or any integer/float dtype whose values
-are all integers in 0..255. Labels are (N,) or (N, 1) integers >= 0; classes "0".."K-1".
+are all integers in 0..255. Labels are (N,) or (N, 1) integers >= 0; the classes are the values
+``y_train`` uses (``raw.from_original_labels``).
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from mnistflow.data.formats.raw import (
     RawDataset,
     RawSplit,
     check_dataset_bytes,
-    check_labels,
+    dataset_from_labels,
     open_regular,
 )
 
@@ -135,7 +136,6 @@ def _read_npz(fh, path: Path, name: str | None) -> RawDataset:
         test = _split(npz, path, "test") if "x_test" in keys else None
     if test is not None and test.x.shape[1:] != train.x.shape[1:]:
         fail(path, f"x_test images are {test.x.shape[1:]} but x_train are {train.x.shape[1:]}")
-    k = int(max(train.y.max(), test.y.max() if test is not None else 0)) + 1
-    check_labels(train.y, k, path)
     stem = path.name.split(".")[0]
-    return RawDataset(name or stem, [str(i) for i in range(k)], train, test, [path])
+    return dataset_from_labels(name or stem, train, test, [path], where=f"{path}: y_train",
+                               test_where=f"{path}: y_test")

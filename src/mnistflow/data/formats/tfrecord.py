@@ -11,7 +11,8 @@ the inverse of this reader, lives in ``tests/helpers/tfrecord_writer.py``.)
 Images: the ``image_key`` feature holds encoded PNG/JPEG bytes, or raw uint8 pixels whose
 shape comes from ``height``/``width``/``depth`` int64 features (else a square grey image, or
 3 x a square for RGB channel-last), or pixel values as an int64/float list. Labels: the
-``label_key`` int64 feature (one value). A folder of ``*.tfrecord*`` files reads as one
+``label_key`` int64 feature (one value; the classes are the values training uses, see
+``raw.from_original_labels``). A folder of ``*.tfrecord*`` files reads as one
 dataset; files whose names contain "test" are the test split.
 """
 from __future__ import annotations
@@ -32,8 +33,7 @@ from mnistflow.data.formats.raw import (
     RawDataset,
     RawSplit,
     check_dataset_bytes,
-    check_labels,
-    class_count,
+    dataset_from_labels,
 )
 
 # --- CRC32C (Castagnoli) -------------------------------------------------------------------
@@ -465,9 +465,7 @@ def read_tfrecord_dataset(path: str | os.PathLike, image_key: str = "image",
         ref = _read_file(f, image_key, label_key, resize, ref, xs, ys, max_pixels, total)
     x = stack_images(xs)
     y = np.asarray(ys, np.int64)
-    k = class_count(path, y)
-    check_labels(y, k, path)
     test = RawSplit(x[n:], y[n:]) if test_files else None
     stem = path.name.split(".")[0]
-    return RawDataset(name or stem, [str(i) for i in range(k)], RawSplit(x[:n], y[:n]), test,
-                      train_files + test_files)
+    return dataset_from_labels(name or stem, RawSplit(x[:n], y[:n]), test, train_files + test_files,
+                               where=path, test_where=test_files[0] if len(test_files) == 1 else path)

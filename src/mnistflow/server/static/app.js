@@ -6,7 +6,7 @@
 // (?input=1), which is drawn in #seen. One request is in flight at a time; strokes made meanwhile are
 // sent as soon as it returns, so the prediction follows the pen.
 //
-// #prediction carries data-label (the class index) and data-state: "busy" while a change is
+// #prediction carries data-label (the data's own label value, e.g. 1..26) and data-state: "busy" while a change is
 // not yet predicted, "idle" once the shown prediction matches the drawing.
 "use strict";
 
@@ -159,12 +159,13 @@
     prediction.textContent = res.class_name;
     prediction.dataset.label = String(res.label);
     const probs = res.probabilities;
-    $("confidence").textContent = `${(100 * probs[res.label]).toFixed(1)}% sure`;
+    const top = res.index ?? res.label; // the model output (res.label is the data's own label)
+    $("confidence").textContent = `${(100 * probs[top]).toFixed(1)}% sure`;
     state.rows.forEach((r, k) => {
       const p = probs[k] || 0;
       r.fill.style.width = `${(100 * p).toFixed(1)}%`;
       r.pct.textContent = `${(100 * p).toFixed(1)}%`;
-      r.row.classList.toggle("top", k === res.label);
+      r.row.classList.toggle("top", k === top);
     });
     drawSeen(res.input);
     const how = { mnist: "MNIST-style preparation", resize: "resized", none: "used as is" }[res.preprocess] || res.preprocess;

@@ -1,0 +1,184 @@
+"""EMNIST and QMNIST end to end on small synthetic files (the real ones are not on this
+machine): ``mnistflow prep emnist-<split> --data DIR`` with the zip or the separate files,
+``prep qmnist --data DIR``, the record sets they write (upright images, original labels as
+class ids, names a..z), the one-line errors, and EMNIST's zip downloaded once into the folder
+every split shares."""
+from __future__ import annotations
+
+import functools
+import gzip
+import hashlib
+import http.server
+import struct
+import threading
+import zipfile
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+from helpers.cli import assert_one_line_error, run_cli
+
+from mnistflow.data import datasets
+from mnistflow.data.datasets import KNOWN, RemoteFile
+from mnistflow.data.prepare import prepare
+from mnistflow.data.records import open_records
+from mnistflow.data.sources import locate_known
+
+
+def idx_bytes(arr: np.ndarray, code: int = 0x08) -> bytes:
+    arr = np.asarray(arr)
+    dt = {0x08: np.uint8, 0x0C: ">i4"}[code]
+    return (bytes([0, 0, code, arr.ndim]) + b"".join(struct.pack(">I", s) for s in arr.shape)
+            + arr.astype(dt).tobytes())
+
+
+def l_glyph() -> np.ndarray:
+    """An upright 'L' (bar on the left, foot at the bottom)."""
+    g = np.zeros((28, 28), np.uint8)
+    g[4:22, 6:9] = 255
+    g[19:22, 6:20] = 255
+    return g
+
+
+def split_files(split: str, n: int) -> dict[str, bytes]:
+    """EMNIST's four .gz files and mapping for ``split``: every image an 'L' stored transposed."""
+    x = np.stack([l_glyph().T] * n)
+    y = (np.arange(n) % 26 + 1) if split == "letters" else (np.arange(n) % 10)
+    mapping = ("".join(f"{i} {64 + i} {96 + i}\n" for i in range(1, 27)) if split == "letters"
+               else "".join(f"{i} {48 + i}\n" for i in range(10)))
+    out = {}
+    for s in ("train", "test"):
+        out[f"emnist-{split}-{s}-images-idx3-ubyte.gz"] = gzip.compress(idx_bytes(x))
+        out[f"emnist-{split}-{s}-labels-idx1-ubyte.gz"] = gzip.compress(idx_bytes(y.astype(np.uint8)))
+    out[f"emnist-{split}-mapping.txt"] = mapping.encode()
+    return out
+
+
+def write_zip(folder: Path, splits=("letters", "digits"), n: int = 260) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "gzip.zip"
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as z:
+        for split in splits:
+            for name, data in split_files(split, n).items():
+                z.writestr("gzip/" + name, data)
+    return path
+
+
+def write_loose(folder: Path, split: str = "letters", n: int = 260) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, data in split_files(split, n).items():
+        (folder / name).write_bytes(data)
+
+
+def write_qmnist(folder: Path, n: int = 200) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    for s in ("train", "test"):
+        x = rng.integers(0, 256, (n, 28, 28), dtype=np.uint8)
+        rows = np.zeros((n, 8), np.int32)
+        rows[:, 0] = np.arange(n) % 10
+        rows[:, 2] = 500 + np.arange(n)  # the writer id: must not become a class
+        (folder / f"qmnist-{s}-images-idx3-ubyte.gz").write_bytes(gzip.compress(idx_bytes(x)))
+        (folder / f"qmnist-{s}-labels-idx2-int.gz").write_bytes(gzip.compress(idx_bytes(rows, 0x0C)))
+
+
+def patch_sums(monkeypatch, folder: Path, *names: str) -> None:
+    """The synthetic files' md5 become the 'published' ones of ``names``."""
+    for name in names:
+        ds = KNOWN[name]
+        files = tuple(RemoteFile(f.name, hashlib.md5((folder / f.name).read_bytes()).hexdigest())
+                      for f in ds.files)
+        monkeypatch.setitem(KNOWN, name, replace(ds, files=files))
+
+
+def assert_letters_records(out: Path, n_total: int) -> None:
+    rec = open_records(out)
+    assert rec.class_names == [chr(ord("a") + i) for i in range(26)]
+    assert tuple(rec.label_values) == tuple(range(1, 27))
+    n = 0
+    for split in ("train", "val", "test"):
+        x, y = rec.split(split)
+        assert (np.asarray(x)[..., 0] == l_glyph()).all(), f"{split}: every image upright"
+        assert 0 <= int(np.min(y)) and int(np.max(y)) <= 25
+        n += len(y)
+    assert n == n_total
+
+
+def test_prep_emnist_letters_from_separate_files_writes_upright_a_to_z(tmp_path):
+    write_loose(tmp_path / "raw")
+    out = tmp_path / "rec"
+    r = run_cli("prep", "emnist-letters", "--data", str(tmp_path / "raw"), "--out", str(out),
+                env={"MNISTFLOW_HOME": str(tmp_path / "home")})
+    assert r.returncode == 0, r.stderr
+    assert_letters_records(out, 520)
+    assert not (tmp_path / "home" / "raw").exists()  # nothing downloaded
+
+
+def test_prep_emnist_from_the_zip_checks_the_published_sum(tmp_path):
+    write_zip(tmp_path / "raw")
+    r = run_cli("prep", "emnist-letters", "--data", str(tmp_path / "raw"), "--out", str(tmp_path / "rec"))
+    assert_one_line_error(r, "gzip.zip", "checksum does not match the published emnist-letters file gzip.zip")
+
+
+def test_one_zip_serves_every_split(tmp_path, monkeypatch):
+    write_zip(tmp_path / "raw" / "emnist")  # the sub-folder every split shares
+    patch_sums(monkeypatch, tmp_path / "raw" / "emnist", "emnist-letters", "emnist-digits")
+    letters = prepare("emnist-letters", tmp_path / "raw", tmp_path / "letters", quiet=True)
+    assert_letters_records(letters, 520)
+    digits = open_records(prepare("emnist-digits", tmp_path / "raw", tmp_path / "digits", quiet=True))
+    assert digits.class_names == list("0123456789") and tuple(digits.label_values) == tuple(range(10))
+    x, _ = digits.split("test")
+    assert (np.asarray(x)[..., 0] == l_glyph()).all()
+    assert not list((tmp_path / "raw").rglob("*.gz"))  # read in the zip, never extracted
+
+
+@pytest.mark.parametrize("args, fragments", [
+    (["prep", "emnist"], ["emnist-letters", "emnist-byclass", "emnist-mnist"]),
+    (["prep", "emnist-balanced"], ["missing emnist-balanced files", "gzip.zip",
+                                   "emnist-balanced-train-images-idx3-ubyte.gz"]),
+])
+def test_emnist_errors_are_one_line(tmp_path, args, fragments):
+    (tmp_path / "raw").mkdir()
+    r = run_cli(*args, "--data", str(tmp_path / "raw"), "--out", str(tmp_path / "rec"))
+    assert_one_line_error(r, *fragments)
+
+
+def test_prep_qmnist_takes_the_digit_column_of_its_label_rows(tmp_path, monkeypatch):
+    write_qmnist(tmp_path / "raw")
+    r = run_cli("prep", "qmnist", "--data", str(tmp_path / "raw"), "--out", str(tmp_path / "rec"))
+    assert_one_line_error(r, "checksum does not match the published qmnist file")
+    patch_sums(monkeypatch, tmp_path / "raw", "qmnist")
+    rec = open_records(prepare("qmnist", tmp_path / "raw", tmp_path / "rec", quiet=True))
+    assert rec.class_names == list("0123456789") and rec.num_classes == 10
+    _, y = rec.split("test")
+    assert (np.asarray(y) == np.arange(200) % 10).all()
+
+
+class _Quiet(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *a):
+        pass
+
+
+def test_emnist_zip_is_downloaded_once_for_every_split(tmp_path, monkeypatch):
+    """The zip lands in <home>/raw/emnist/; a second split finds it there, server gone."""
+    served = tmp_path / "mirror"
+    write_zip(served)
+    patch_sums(monkeypatch, served, "emnist-letters", "emnist-digits")
+    for k in ("http_proxy", "HTTP_PROXY", "https_proxy", "HTTPS_PROXY", "all_proxy", "ALL_PROXY"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("no_proxy", "127.0.0.1")
+    monkeypatch.setenv("MNISTFLOW_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("MNISTFLOW_DATA", raising=False)
+    srv = http.server.ThreadingHTTPServer(
+        ("127.0.0.1", 0), functools.partial(_Quiet, directory=str(served)))
+    threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    try:
+        monkeypatch.setenv("MNISTFLOW_MIRROR", f"http://127.0.0.1:{srv.server_address[1]}/")
+        got = locate_known(datasets.lookup("emnist-letters"))
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    assert got == tmp_path / "home" / "raw" / "emnist"
+    assert (got / "gzip.zip").read_bytes() == (served / "gzip.zip").read_bytes()
+    assert locate_known(datasets.lookup("emnist-digits"), download=False) == got
