@@ -1,0 +1,126 @@
+"""The MNIST family: test accuracy and wall time of each recipe on each dataset, beside the
+tutorial's CNN trained as the tutorial does (baseline B) on the same dataset in the same run.
+
+    python benchmarks/family.py --data-root ../shared/data [--recipes fast seed-cnn best]
+                                [--seeds 0 1 2] [--datasets fashion-mnist mnist ...]
+
+A dataset is measured when ``DATA_ROOT/<name>/`` holds its files (as ``mnistflow prep NAME
+--data DIR`` reads them); the others are listed as not measured, never dropped.
+Rows:
+  mnistflow --recipe R   through the public API from prepared records, nothing but ``data``
+                         given (the recipe's augmentation, normalization from the records);
+                         one run per seed; test accuracy per seed, the median, wall time
+  B                      the tutorial's deep CNN (seed-cnn), Adam 1e-4, batch 50, fp32, inputs
+                         normalized by the records' own mean/std; tested every epoch until
+                         --cap-s: the accuracy at the cap
+Wall time: from prepared records to the end of the final test evaluation.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import machine, table  # noqa: E402
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+# Published test accuracies, for orientation (not measured here).
+REFERENCE = {
+    "mnist": "tutorial CNN 99.2%",
+    "fashion-mnist": "small CNNs 92.5-94%, WRN 96.7%",
+    "kmnist": "ResNet-18 97.8% (KMNIST paper)",
+    "qmnist": "as MNIST (same digits)",
+    "emnist-letters": "~93-95% (CNNs)",
+    "emnist-balanced": "~88-91% (CNNs)",
+    "cifar10": "ResNet-18 ~93-95%",
+}
+
+
+def baseline_b(rec, cap_s: float, seed: int = 0) -> dict:
+    """The tutorial's CNN trained as the tutorial does, until ``cap_s`` seconds have passed."""
+    from mnistflow.data.normalize import normalize
+    from mnistflow.models import create_model
+
+    torch.manual_seed(seed)
+
+    def tensors(split: str) -> tuple[torch.Tensor, torch.Tensor]:
+        x, y = rec.split(split)  # (N, H, W, C) uint8: the records' own size and channels
+        return normalize(torch.from_numpy(x.copy()), rec.mean, rec.std), torch.from_numpy(y.astype("int64"))
+
+    X, Y = tensors("train")
+    TX, TY = tensors("test")
+    model = create_model("seed-cnn", tuple(X.shape[1:]), rec.num_classes)
+    opt = torch.optim.Adam(model.parameters(), 1e-4)
+    t0, epochs, acc = time.perf_counter(), 0, 0.0
+    while time.perf_counter() - t0 < cap_s:
+        perm = torch.randperm(len(Y))
+        model.train()
+        for i in range(0, len(Y) - 49, 50):
+            idx = perm[i:i + 50]
+            loss = F.cross_entropy(model(X[idx]), Y[idx])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            if time.perf_counter() - t0 >= cap_s:
+                break
+        epochs += 1
+        model.eval()
+        with torch.no_grad():
+            acc = sum(int((model(TX[i:i + 1000]).argmax(1) == TY[i:i + 1000]).sum())
+                      for i in range(0, len(TY), 1000)) / len(TY)
+    return {"acc": acc, "wall": time.perf_counter() - t0, "epochs": epochs}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--data-root", default=os.environ.get("MNISTFLOW_DATA_ROOT", "../shared/data"))
+    ap.add_argument("--datasets", nargs="+", default=["mnist", "fashion-mnist", "kmnist", "qmnist",
+                                                      "emnist-letters", "emnist-balanced", "cifar10"])
+    ap.add_argument("--recipes", nargs="+", default=["fast", "seed-cnn", "best"])
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
+    ap.add_argument("--cap-s", type=float, default=120, help="baseline B's time budget per dataset")
+    ap.add_argument("--no-baseline", action="store_true")
+    a = ap.parse_args()
+    torch.set_num_threads(a.threads)
+    import mnistflow
+    from mnistflow.data.records import open_records
+
+    tmp = Path(tempfile.mkdtemp())
+    rows = []
+    for name in a.datasets:
+        folder = Path(a.data_root) / name
+        if not folder.is_dir():
+            rows.append({"dataset": name, "recipe": "-", "test acc per seed": "not measured (no data here)",
+                         "reference": REFERENCE.get(name, "")})
+            continue
+        rec = open_records(mnistflow.prepare(name, folder, tmp / name, quiet=True))
+        for recipe in a.recipes:
+            runs = [mnistflow.train(recipe=recipe, data=str(rec.path), seed=s, threads=a.threads, quiet=True,
+                                    tensorboard=False, run_dir=str(tmp / f"{name}-{recipe}-{s}"))
+                    for s in a.seeds]
+            accs = [100 * r["test_acc"] for r in runs]
+            rows.append({"dataset": name, "recipe": recipe,
+                         "test acc per seed": " ".join(f"{v:.2f}" for v in accs),
+                         "median %": statistics.median(accs),
+                         "wall s (median)": statistics.median(r["wall_s"] for r in runs),
+                         "reference": REFERENCE.get(name, "")})
+        if not a.no_baseline:
+            b = baseline_b(rec, a.cap_s)
+            rows.append({"dataset": name, "recipe": f"B: tutorial CNN, Adam 1e-4, batch 50 ({b['epochs']} ep)",
+                         "test acc per seed": f"{100 * b['acc']:.2f}", "median %": 100 * b["acc"],
+                         "wall s (median)": b["wall"], "reference": REFERENCE.get(name, "")})
+    print(machine())
+    print(f"seeds {a.seeds}; baseline B capped at {a.cap_s:.0f} s\n")
+    print(table(rows, ["dataset", "recipe", "test acc per seed", "median %", "wall s (median)", "reference"]))
+
+
+if __name__ == "__main__":
+    main()
