@@ -16,18 +16,18 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import warnings
 
 import numpy as np
 import pytest
 from helpers.memory import assert_bounded
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 pytest.importorskip("starlette")
 pytest.importorskip("httpx")  # starlette's TestClient
 
+from helpers.fuzz import FUZZ, mutated
 from mnistflow.artifacts.model_file import ModelInfo
 from mnistflow.models import create_model
 from mnistflow.server import create_app
@@ -35,9 +35,6 @@ from mnistflow.server.guard import BadInput, Limits
 from mnistflow.server.inputs import MODES, decode_image, parse_json, to_input
 from mnistflow.server.predictor import TorchBackend
 
-_LONG = os.environ.get("MNISTFLOW_FUZZ_EXAMPLES")
-FUZZ = settings(max_examples=int(_LONG or 100), deadline=None, database=None, derandomize=not _LONG,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 INFO = ModelInfo("softmax", [1, 28, 28], [str(i) for i in range(10)], [33.0], [78.0], dataset="synthetic")
 LIMITS = Limits()  # the server's defaults: what `mnistflow serve` runs with
@@ -70,30 +67,6 @@ CONTENT_TYPES = ["image/png", "image/jpeg", "image/gif", "application/json", "ap
                  "image/png; charset=utf-8", "application/json; charset=latin-1"]
 
 
-@st.composite
-def mutated(draw, seed: bytes) -> bytes:
-    """``seed`` after 1-4 edits: bit flips, truncation, appended junk, overwrites, deletions."""
-    data = bytearray(seed)
-    for _ in range(draw(st.integers(1, 4))):
-        op = draw(st.sampled_from(["flip", "flip", "truncate", "append", "overwrite", "delete"]))
-        n = len(data)
-        if op == "truncate":
-            data = data[:draw(st.integers(0, n))]
-        elif op == "append":
-            data += draw(st.binary(min_size=1, max_size=64))
-        elif n == 0:
-            continue
-        elif op == "flip":
-            i = draw(st.integers(0, n - 1))
-            data[i] ^= 1 << draw(st.integers(0, 7))
-        elif op == "overwrite":
-            i = draw(st.integers(0, n - 1))
-            chunk = draw(st.binary(min_size=1, max_size=8))
-            data[i:i + len(chunk)] = chunk
-        else:
-            i = draw(st.integers(0, n - 1))
-            del data[i:i + draw(st.integers(1, 16))]
-    return bytes(data)
 
 
 def json_values():

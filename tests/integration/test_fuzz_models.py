@@ -19,16 +19,16 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import warnings
 
 import numpy as np
 import pytest
 import torch
 from helpers.memory import assert_bounded
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
+from helpers.fuzz import FUZZ, mutated
 from mnistflow.artifacts import checkpoint
 from mnistflow.artifacts.load import load_any
 from mnistflow.artifacts.model_file import ModelInfo, save_model
@@ -36,10 +36,6 @@ from mnistflow.artifacts.npz import load_npz_into, write_npz
 from mnistflow.core.errors import MnistflowError
 from mnistflow.models import create_model
 
-_LONG = os.environ.get("MNISTFLOW_FUZZ_EXAMPLES")
-FUZZ = settings(max_examples=int(_LONG or 100), deadline=None, database=None, derandomize=not _LONG,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
-                                       HealthCheck.function_scoped_fixture])
 
 SHAPE = (1, 4, 4)
 INFO = ModelInfo("softmax", list(SHAPE), ["a", "b", "c"], [33.0], [78.0], dataset="synthetic")
@@ -50,34 +46,7 @@ def tiny_model() -> torch.nn.Module:
     return create_model(INFO.model, SHAPE, INFO.num_classes)
 
 
-# --- mutations (as in data/test_fuzz.py), biased to the start of a file -----------------------
 
-@st.composite
-def mutated(draw, seed: bytes, head: int | None = None) -> bytes:
-    """``seed`` after 1-4 random edits; with ``head``, half the time only within its first
-    ``head`` bytes (where the headers and metadata are)."""
-    data = bytearray(seed)
-    span = head if head and draw(st.booleans()) else None
-    for _ in range(draw(st.integers(1, 4))):
-        op = draw(st.sampled_from(["flip", "flip", "truncate", "append", "overwrite", "delete"]))
-        n = min(len(data), span or len(data))
-        if op == "truncate":
-            data = data[:draw(st.integers(0, len(data)))]
-        elif op == "append":
-            data += draw(st.binary(min_size=1, max_size=64))
-        elif n == 0:
-            continue
-        elif op == "flip":
-            i = draw(st.integers(0, n - 1))
-            data[i] ^= 1 << draw(st.integers(0, 7))
-        elif op == "overwrite":
-            i = draw(st.integers(0, n - 1))
-            chunk = draw(st.binary(min_size=1, max_size=8))
-            data[i:i + len(chunk)] = chunk
-        else:
-            i = draw(st.integers(0, n - 1))
-            del data[i:i + draw(st.integers(1, 16))]
-    return bytes(data)
 
 
 def inputs(seed: bytes, head: int | None = None):

@@ -16,10 +16,11 @@ import numpy as np
 import pytest
 from helpers import tfrecord_writer as W
 from helpers.memory import assert_bounded
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from PIL import Image
 
+from helpers.fuzz import FUZZ, mutated
 from mnistflow.core.errors import MnistflowError
 from mnistflow.data.formats import tfrecord as T
 from mnistflow.data.formats.cifar import read_cifar10, safe_unpickle
@@ -29,11 +30,6 @@ from mnistflow.data.formats.idx import parse_idx, read_idx, read_idx_pair
 from mnistflow.data.formats.npz import read_npz
 from mnistflow.data.formats.raw import RawDataset
 
-# Deterministic in CI; MNISTFLOW_FUZZ_EXAMPLES=5000 runs a longer, random hunt by hand.
-_LONG = os.environ.get("MNISTFLOW_FUZZ_EXAMPLES")
-FUZZ = settings(max_examples=int(_LONG or 100), deadline=None, database=None,
-                derandomize=not _LONG,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 
 # --- valid seeds, built once from 3 real digits -----------------------------------------------
@@ -64,29 +60,6 @@ def seeds(mnist_dir):
             "pickle": pickle.dumps(batch, protocol=2)}
 
 
-@st.composite
-def mutated(draw, seed: bytes) -> bytes:
-    data = bytearray(seed)
-    for _ in range(draw(st.integers(1, 4))):
-        op = draw(st.sampled_from(["flip", "flip", "truncate", "append", "overwrite", "delete"]))
-        n = len(data)
-        if op == "truncate":
-            data = data[:draw(st.integers(0, n))]
-        elif op == "append":
-            data += draw(st.binary(min_size=1, max_size=64))
-        elif n == 0:
-            continue
-        elif op == "flip":
-            i = draw(st.integers(0, n - 1))
-            data[i] ^= 1 << draw(st.integers(0, 7))
-        elif op == "overwrite":
-            i = draw(st.integers(0, n - 1))
-            chunk = draw(st.binary(min_size=1, max_size=8))
-            data[i:i + len(chunk)] = chunk
-        else:
-            i = draw(st.integers(0, n - 1))
-            del data[i:i + draw(st.integers(1, 16))]
-    return bytes(data)
 
 
 def inputs(seed: bytes):
