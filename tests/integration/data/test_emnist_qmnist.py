@@ -9,7 +9,6 @@ import functools
 import gzip
 import hashlib
 import http.server
-import struct
 import threading
 import zipfile
 from dataclasses import replace
@@ -19,26 +18,12 @@ import numpy as np
 import pytest
 from helpers.cli import assert_one_line_error, run_cli
 
+from helpers.idx_files import idx_bytes, l_glyph
 from mnistflow.data import datasets
 from mnistflow.data.datasets import KNOWN, RemoteFile
 from mnistflow.data.prepare import prepare
 from mnistflow.data.records import open_records
 from mnistflow.data.sources import locate_known
-
-
-def idx_bytes(arr: np.ndarray, code: int = 0x08) -> bytes:
-    arr = np.asarray(arr)
-    dt = {0x08: np.uint8, 0x0C: ">i4"}[code]
-    return (bytes([0, 0, code, arr.ndim]) + b"".join(struct.pack(">I", s) for s in arr.shape)
-            + arr.astype(dt).tobytes())
-
-
-def l_glyph() -> np.ndarray:
-    """An upright 'L' (bar on the left, foot at the bottom)."""
-    g = np.zeros((28, 28), np.uint8)
-    g[4:22, 6:9] = 255
-    g[19:22, 6:20] = 255
-    return g
 
 
 def split_files(split: str, n: int) -> dict[str, bytes]:
