@@ -95,11 +95,21 @@ def main() -> None:
 
     tmp = Path(tempfile.mkdtemp())
     rows = []
+    cols = ["dataset", "recipe", "test acc per seed", "median %", "wall s (median)", "reference"]
+    print(machine())
+    print(f"seeds {a.seeds}; baseline B capped at {a.cap_s:.0f} s\n", flush=True)
+
+    def done(row: dict) -> None:
+        """Keep the row and print it at once: an hour's run keeps what it measured so far."""
+        rows.append(row)
+        print("  ".join(f"{c}={table([row], [c]).splitlines()[2].strip()}" for c in cols if c in row),
+              flush=True)
+
     for name in a.datasets:
         folder = Path(a.data_root) / name
         if not folder.is_dir():
-            rows.append({"dataset": name, "recipe": "-", "test acc per seed": "not measured (no data here)",
-                         "reference": REFERENCE.get(name, "")})
+            done({"dataset": name, "recipe": "-", "test acc per seed": "not measured (no data here)",
+                  "reference": REFERENCE.get(name, "")})
             continue
         rec = open_records(mnistflow.prepare(name, folder, tmp / name, quiet=True))
         for recipe in a.recipes:
@@ -107,19 +117,18 @@ def main() -> None:
                                     tensorboard=False, run_dir=str(tmp / f"{name}-{recipe}-{s}"))
                     for s in a.seeds]
             accs = [100 * r["test_acc"] for r in runs]
-            rows.append({"dataset": name, "recipe": recipe,
-                         "test acc per seed": " ".join(f"{v:.2f}" for v in accs),
-                         "median %": statistics.median(accs),
-                         "wall s (median)": statistics.median(r["wall_s"] for r in runs),
-                         "reference": REFERENCE.get(name, "")})
+            done({"dataset": name, "recipe": recipe,
+                  "test acc per seed": " ".join(f"{v:.2f}" for v in accs),
+                  "median %": statistics.median(accs),
+                  "wall s (median)": statistics.median(r["wall_s"] for r in runs),
+                  "reference": REFERENCE.get(name, "")})
         if not a.no_baseline:
             b = baseline_b(rec, a.cap_s)
-            rows.append({"dataset": name, "recipe": f"B: tutorial CNN, Adam 1e-4, batch 50 ({b['epochs']} ep)",
-                         "test acc per seed": f"{100 * b['acc']:.2f}", "median %": 100 * b["acc"],
-                         "wall s (median)": b["wall"], "reference": REFERENCE.get(name, "")})
-    print(machine())
-    print(f"seeds {a.seeds}; baseline B capped at {a.cap_s:.0f} s\n")
-    print(table(rows, ["dataset", "recipe", "test acc per seed", "median %", "wall s (median)", "reference"]))
+            done({"dataset": name, "recipe": f"B: tutorial CNN, Adam 1e-4, batch 50 ({b['epochs']} ep)",
+                  "test acc per seed": f"{100 * b['acc']:.2f}", "median %": 100 * b["acc"],
+                  "wall s (median)": b["wall"], "reference": REFERENCE.get(name, "")})
+    print()
+    print(table(rows, cols))
 
 
 if __name__ == "__main__":

@@ -23,13 +23,13 @@ from mnistflow.artifacts.model_file import ModelInfo, outputs_of_records
 from mnistflow.artifacts.onnx import OnnxBackend
 from mnistflow.artifacts.predictor import as_predictor, predict_arrays
 from mnistflow.core.errors import MnistflowError
+from mnistflow.data.augment import mirror_safe
+from mnistflow.artifacts.runlog import describe_views
+from mnistflow.models.evaluate import TTA_VIEWS
 from mnistflow.runtime.cpu import set_threads
 from mnistflow.runtime.device import Amp, pick_device
 
 __all__ = ["evaluate", "format_eval", "predict", "predict_arrays", "format_predictions"]
-
-TTA_VIEWS = (0, 2, 4, 8)  # extra views: left/right, + up/down, + the diagonals
-
 
 def check_tta(views: int) -> None:
     """``--tta``: one of ``TTA_VIEWS``."""
@@ -59,8 +59,10 @@ def evaluate(model_path: str | Path, split: str = "test", *, data: str | Path | 
     loader = make_loader(rec, split, batch_size=batch_size, device=dev, train=False)
     if outputs is not None:
         loader = _Relabelled(loader, outputs)
-    res = run_eval(model, loader, Amp.create("fp32", dev), info.num_classes, confusion=True, tta=tta)
-    res.update(split=split, tta=tta, model=info.model, class_names=info.class_names,
+    mirror = mirror_safe(info.dataset or rec.name)
+    res = run_eval(model, loader, Amp.create("fp32", dev), info.num_classes, confusion=True, tta=tta,
+                   mirror=mirror)
+    res.update(split=split, tta=tta, tta_mirror=bool(tta) and mirror, model=info.model, class_names=info.class_names,
                label_values=info.values, records=str(rec.path))
     return res
 
@@ -96,7 +98,7 @@ def format_eval(res: dict) -> str:
     wn = min(max(4, *(len(n) for n in names)), 24) if named else 0
     lines = [f"{res['model']} on {res['split']} ({res['n']:,} images): accuracy "
              f"{100 * res['acc']:.2f}%  loss {res['loss']:.4f}"
-             + (f"  (mean of {res['tta'] + 1} shifted views)" if res.get("tta") else ""), "",
+             + (f"  ({describe_views(res['tta'], res.get('tta_mirror', False))})" if res.get("tta") else ""), "",
              f"{'label':>{wl}}" + (f"  {'name':<{wn}}" if named else "") + "   images  accuracy"]
     for v, n, k, a in zip(values, names, counts, res["per_class_acc"]):
         acc = f"{100 * a:7.2f}%" if k else "       -"

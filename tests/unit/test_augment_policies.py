@@ -271,3 +271,43 @@ def test_policy_names_have_one_line_descriptions():
     for p in A.POLICIES.values():
         assert p.what and "\n" not in p.what
     assert np.all([name in configmod._FIELDS["augment"].metadata["help"] for name in A.POLICIES])
+
+
+# --- test-time views: the mirror first, where the data's class survives it -------------------
+
+@pytest.mark.parametrize("dataset,mirror", [("fashion-mnist", True), ("cifar10", True), ("mnist", False),
+                                            ("emnist-letters", False), ("kmnist", False), (None, False),
+                                            ("my-folder", False)])
+def test_only_data_whose_policy_flips_is_mirrored_at_test_time(dataset, mirror):
+    from mnistflow.data.augment import mirror_safe
+
+    assert mirror_safe(dataset) is mirror
+
+
+@pytest.mark.parametrize("views", [2, 4, 8])
+def test_the_views_are_the_image_its_mirror_and_shifts(views):
+    from mnistflow.data.augment import TTA_SHIFTS, shifted
+    from mnistflow.models.evaluate import tta_logits
+
+    x = torch.arange(2 * 1 * 5 * 5, dtype=torch.float32).view(2, 1, 5, 5)
+    seen = []
+
+    def model(t):
+        seen.append(t.clone())
+        return torch.stack([t.flatten(1)[:, 0], t.flatten(1)[:, -1]], 1)  # depends on the view
+
+    out = tta_logits(model, x, views, mirror=True)
+    want = [x, x.flip(3)] + [shifted(x, dy, dx) for dy, dx in TTA_SHIFTS[:views - 1]]
+    assert len(seen) == views + 1 and all(torch.equal(a, b) for a, b in zip(seen, want))
+    probs = sum(model(v).softmax(1) for v in want) / (views + 1)
+    assert torch.allclose(out.exp(), probs, atol=1e-6)
+    seen.clear()
+    tta_logits(model, x, views)  # glyphs: shifts only, never the mirror
+    assert all(torch.equal(a, b) for a, b in zip(seen, [x] + [shifted(x, dy, dx) for dy, dx in TTA_SHIFTS[:views]]))
+
+
+def test_reports_say_which_views():
+    from mnistflow.artifacts.runlog import describe_views
+
+    assert describe_views(8, True) == "mean of 9 views: the image, its mirror and 7 shifts"
+    assert describe_views(8, False) == "mean of 9 shifted views"

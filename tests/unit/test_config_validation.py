@@ -50,6 +50,13 @@ def test_the_thread_caps_agree():
     assert configmod.MAX_THREADS == cpu.MAX_THREADS
 
 
+def test_the_tta_choices_agree():
+    from mnistflow.models.evaluate import TTA_SHIFTS, TTA_VIEWS
+
+    # the same for train's --tta (torch-free config) and eval's, and every view has its shift
+    assert configmod.TTA_VIEWS == TTA_VIEWS and max(TTA_VIEWS) <= len(TTA_SHIFTS)
+
+
 # --- flags and the Python API (HOSTILE-INPUTS D12 and its minor findings) -------------------
 
 @pytest.mark.parametrize("settings, message", [

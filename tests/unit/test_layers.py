@@ -47,3 +47,17 @@ def test_a_broken_layer_is_caught(tmp_path):
     cfg.write_text('[tool.importlinter]\nroot_package = "mnistflow"\n\n[[tool.importlinter.contracts]]\n'
                    'name = "inverted"\ntype = "layers"\nlayers = ["mnistflow.core", "mnistflow.models"]\n')
     assert not lint(cfg)
+
+
+def test_no_dataset_constants_in_the_code():
+    """Normalization, channels and size come from the records: MNIST's mean/std (0..1 or
+    0..255 units) appear nowhere in the package (the issue's check, as a test)."""
+    import re
+    from pathlib import Path
+
+    import mnistflow
+
+    pattern = re.compile(r"0\.1307|0\.3081|33\.318|78\.567|\b33\.3[0-9]\b|\b78\.5[0-9]\b")
+    hits = [f"{p}:{i}" for p in Path(mnistflow.__file__).parent.rglob("*.py")
+            for i, line in enumerate(p.read_text().splitlines(), 1) if pattern.search(line)]
+    assert not hits, hits

@@ -6,6 +6,13 @@ import json
 from pathlib import Path
 
 
+def describe_views(views: int, mirror: bool) -> str:
+    """What ``--tta views`` averages over, for run and eval reports."""
+    if mirror:
+        return f"mean of {views + 1} views: the image, its mirror" + (f" and {views - 1} shifts" if views > 1 else "")
+    return f"mean of {views + 1} shifted views"
+
+
 def read_metrics(path: str | Path) -> list[dict]:
     """The records of a metrics.jsonl (a torn last line from a crash, or a line that is not a
     JSON object, is skipped)."""
@@ -35,7 +42,7 @@ def end_of_run_table(s: dict, target: float | None) -> str:
                                     f"{s['gpu_peak_reserved_mb']:,.0f} MB reserved")]
                if "gpu_peak_allocated_mb" in s else []),
              ("val accuracy", pct(s["val_acc"])),
-             ("test accuracy", pct(s["test_acc"]) + (f" (mean of {s['tta'] + 1} shifted views)"
+             ("test accuracy", pct(s["test_acc"]) + (f" ({describe_views(s['tta'], s.get('tta_mirror', False))})"
                                                      if s.get("tta") and s["test_acc"] is not None else "")),
              ("run directory", s["run_dir"])]
     w = max(len(k) for k, _ in rows)

@@ -112,6 +112,7 @@ class Policy:
     what: str  # one line: what it does (help texts, notes, the README)
     draw: Callable[[int, int, int, torch.Generator | None], Draws]
     apply: Callable[[torch.Tensor, Draws, torch.Tensor | None], torch.Tensor]
+    mirror: bool = False  # a mirrored image is of the same class (test-time views may mirror)
 
 
 def _pad_for(h: int, w: int, pad: int) -> int:
@@ -170,8 +171,8 @@ def _photos_apply(x, d, fill):
 
 POLICIES: dict[str, Policy] = {p.name: p for p in (
     Policy("glyphs", "small shifts (2 px) and rotations (10 degrees), never flips", _glyphs_draw, _glyphs_apply),
-    Policy("clothing", "horizontal flips and shifted crops (2 px)", _clothing_draw, _clothing_apply),
-    Policy("photos", "padded crops (4 px), horizontal flips and cutout", _photos_draw, _photos_apply),
+    Policy("clothing", "horizontal flips and shifted crops (2 px)", _clothing_draw, _clothing_apply, mirror=True),
+    Policy("photos", "padded crops (4 px), horizontal flips and cutout", _photos_draw, _photos_apply, mirror=True),
     Policy("shifts", "shifts of a few pixels only (no flips, no rotations)", _shifts_draw, _shifts_apply),
 )}
 SAFE_DEFAULT = "shifts"  # auto, for inputs that are not a known dataset with a policy
@@ -184,6 +185,12 @@ def get_policy(name: str) -> Policy:
 
         raise MnistflowError(f"unknown augmentation policy '{name}' (known: {', '.join(POLICIES)})")
     return POLICIES[name]
+
+
+def mirror_safe(dataset: str | None) -> bool:
+    """Whether a mirrored image of the dataset named ``dataset`` is of the same class (its own
+    policy flips: clothing, photos), so test-time views may mirror it (``--tta``)."""
+    return POLICIES[resolve_policy("auto", dataset)[0]].mirror
 
 
 def legacy_policy(channels: int) -> str:

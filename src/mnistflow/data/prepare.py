@@ -43,13 +43,38 @@ def _source_files(dataset: str | None, data: Path | None) -> tuple[str, list[Pat
             from mnistflow.data.sources import find_idx_files
 
             files = sorted(find_idx_files(data).values())
-        return data.resolve().name, files
+        return _input_name(data), files
     files = [data]
     if detect_format(data) == "csv":  # a sibling *test*.csv is part of the dataset
         from mnistflow.data.formats.csv import companion_files
 
         files += companion_files(data)
-    return data.name.split(".")[0], files
+    return _input_name(data), files
+
+
+def _input_name(data: Path) -> str:
+    """The name a raw input is known by (its records' cache folder, a known dataset's policy)."""
+    return data.resolve().name if data.is_dir() else data.name.split(".")[0]
+
+
+def known_name(dataset: str | None, data: str | Path | None) -> str | None:
+    """The known dataset that ``--dataset`` / ``--data`` name (a records directory by its meta,
+    raw input by its name), told before any image is read; None when it is not a known dataset
+    or cannot be told yet (the run reports a bad input itself)."""
+    try:
+        dataset, path = _resolve_input(dataset, Path(data) if data is not None else None)
+        name = dataset
+        if name is None and path is not None and path.exists():
+            name = read_meta(path)["name"] if detect_format(path) == "records" else _input_name(path)
+    except (MnistflowError, OSError, KeyError, TypeError):
+        return None
+    return name if name and datasets.lookup(name) is not None else None
+
+
+def policy_of(dataset: str | None, data: str | Path | None) -> str | None:
+    """The augmentation policy of the known dataset that ``--dataset`` / ``--data`` name."""
+    name = known_name(dataset, data)
+    return datasets.lookup(name).augment if name else None
 
 
 def _resolve_input(dataset: str | None, data: Path | None) -> tuple[str | None, Path | None]:

@@ -33,7 +33,7 @@ GROUPS: dict[str, str] = {
 }
 
 TRAIN_ON = ("train", "train+val")
-TTA_VIEWS = (0, 2, 4, 8)  # extra views: left/right, + up/down, + the diagonals
+TTA_VIEWS = (0, 2, 4, 8)  # models.evaluate.TTA_VIEWS (that module imports torch: not here; a test checks)
 # Every seed derived from --seed (data order, augmentation: seed * 1_000_003 + epoch, ...) must
 # stay inside the 64 bits torch.Generator takes: 32-bit seeds leave room, as numpy's legacy range.
 MAX_SEED = 2**32 - 1
@@ -283,11 +283,6 @@ def check_value(name: str, value: Any, label: str | None = None) -> None:
     problem = f.metadata["rule"].problem(kind, value)
     if problem:
         raise MnistflowError(f"{label or flag(name)} must be {problem}, got {_show(value)}")
-
-
-def check_tta(views: int) -> None:
-    """``--tta`` of ``train`` and ``eval``: one of ``TTA_VIEWS``."""
-    check_value("tta", views)
 
 
 def field_names() -> set[str]:

@@ -44,6 +44,7 @@ from mnistflow.artifacts.runlog import end_of_run_table
 from mnistflow.core import log
 from mnistflow.core.errors import MnistflowError, display
 from mnistflow.core.fsutil import atomic_write_text
+from mnistflow.data.augment import mirror_safe
 from mnistflow.models.evaluate import evaluate
 from mnistflow.runtime import dist
 from mnistflow.runtime.cpu import set_interop_threads
@@ -199,7 +200,7 @@ def _fit(cfg: TrainConfig, device: torch.device, info: dist.DistInfo, warned: li
         t0 = time.perf_counter()
         # the plain module: under torch.compile the train/eval switch would recompile
         res = evaluate(run.raw_model, run.val_loader if split == "val" else run.test_loader, run.amp,
-                       run.rec.num_classes, tta=cfg.tta)
+                       run.rec.num_classes, tta=cfg.tta, mirror=mirror_safe(run.rec.name))
         res.update(split=split, eval_s=time.perf_counter() - t0)
         clock.eval_s += res["eval_s"]
         state.metrics.update({f"{split}_acc": res["acc"], f"{split}_loss": res["loss"],
@@ -396,7 +397,8 @@ def _summary(run: Run, state: TrainState, clock: _Clock, wall: float, train_s: f
         **{k: round(v, 1) for k, v in gpu_peaks_mb(run.device).items()},
         "val_acc": state.metrics.get("val_acc"),
         "test_acc": state.metrics.get("test_acc"),
-        "tta": cfg.tta,  # the accuracies above average over this many extra shifted views
+        "tta": cfg.tta,  # the accuracies above average over this many extra views
+        "tta_mirror": bool(cfg.tta) and mirror_safe(run.rec.name),  # the first of them the mirror
         "stop_reason": state.stop_reason or ("max_steps" if cfg.max_steps and state.step >= cfg.max_steps
                                              else "epochs"),
         "model": cfg.model,

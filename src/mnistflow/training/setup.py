@@ -60,14 +60,30 @@ def resolve_config(config: str | os.PathLike | None = None, **overrides) -> Trai
     """The configuration of ``mnistflow train [--config FILE] --flag value ...``: defaults <
     recipe < file < flags. With ``resume``, the checkpoint's configuration is the base that
     the recipe, the file and the flags given override (and ``resume`` names that checkpoint)."""
-    from mnistflow.training.recipes import get_recipe
+    from mnistflow.data.prepare import known_name, policy_of
+    from mnistflow.training.recipes import FOR_DATA, for_data, get_recipe, pick_for_target
 
     file = configmod.load_toml(config) if config else None
     recipe_name = overrides.get("recipe") or (file or {}).get("recipe")
+    given = {k: overrides.get(k) if overrides.get(k) is not None else (file or {}).get(k)
+             for k in ("dataset", "data", "model", "target_acc", "target_split", "resume")}
+    if recipe_name is None and given["target_acc"] is not None and not given["model"] and not given["resume"]:
+        # the cheapest recipe known to reach the target on this dataset (an error if none is)
+        configmod.check_value("target_acc", given["target_acc"])
+        recipe_name, why = pick_for_target(given["target_acc"], known_name(given["dataset"], given["data"]))
+        overrides["recipe"] = recipe_name
+        chosen = get_recipe(recipe_name)
+        if not given["target_split"] and (chosen.get("train_on") == "train+val" or chosen.get("validate") is False):
+            overrides["target_split"] = "test"  # no validation pass: the final test pass judges it
+        if os.environ.get("RANK", "0") == "0" and not (overrides.get("quiet") or overrides.get("json")):
+            note(why)
     recipe = get_recipe(recipe_name) if recipe_name else None
     for k in ("data", "run_dir", "resume", "init_from"):
         if isinstance(overrides.get(k), os.PathLike):
             overrides[k] = str(overrides[k])
+    if recipe is not None and FOR_DATA.get(recipe_name):  # the recipe's choices for this data
+        kind = policy_of(given["dataset"], given["data"])
+        recipe.update(for_data(recipe_name, kind) if kind else {})
     if overrides.get("resume") is True:
         overrides["resume"] = "latest"
     resume = overrides.get("resume") or (file or {}).get("resume")

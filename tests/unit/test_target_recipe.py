@@ -1,0 +1,62 @@
+"""``mnistflow train --target-acc T`` without a recipe: the cheapest recipe measured to reach
+T on every seed on this dataset (``recipes.MEASURED``), said in one note; an error when none is."""
+from __future__ import annotations
+
+import pytest
+
+from mnistflow.core.errors import MnistflowError
+from mnistflow.training import recipes
+from mnistflow.training.setup import resolve_config
+
+REAL = recipes.MEASURED  # the shipped table (the fixture swaps in TABLE)
+TABLE = {"mnist": {"fast": (0.9893, 0.9910, 0.9918, 1.0), "seed-cnn": (0.9930, 0.9940, 0.9945, 40.0),
+                   "best": (0.9960, 0.9961, 0.9966, 50.0)}}
+
+
+@pytest.fixture(autouse=True)
+def _table(monkeypatch):
+    monkeypatch.setattr(recipes, "MEASURED", TABLE)
+
+
+@pytest.mark.parametrize("target,recipe,split", [(0.98, "fast", "test"), (0.9893, "fast", "test"),
+                                                 (0.9894, "seed-cnn", "val"), (0.995, "best", "test")])
+def test_the_cheapest_recipe_whose_every_seed_reaches_the_target(target, recipe, split, caplog):
+    cfg = resolve_config(target_acc=target, dataset="mnist")
+    assert (cfg.recipe, cfg.target_acc, cfg.target_split) == (recipe, target, split)
+    assert cfg.model == recipes.RECIPES[recipe]["model"]
+    # fast and best have no validation pass: the final test pass judges the target
+    assert f"recipe {recipe}, the cheapest measured to reach it on mnist" in caplog.text
+
+
+def test_no_recipe_reaches_it_is_one_error_with_what_each_reaches():
+    with pytest.raises(MnistflowError, match=r"no recipe reaches it on mnist .*best 99.60-99.66%"):
+        resolve_config(target_acc=0.999, dataset="mnist")
+
+
+def test_data_nobody_measured_is_an_error_asking_for_a_recipe(tmp_path):
+    with pytest.raises(MnistflowError, match="no recipe is measured on kmnist.*--recipe"):
+        resolve_config(target_acc=0.9, dataset="kmnist")
+    with pytest.raises(MnistflowError, match="no recipe is measured on this data"):
+        resolve_config(target_acc=0.9, data=str(tmp_path))
+
+
+def test_a_recipe_or_a_model_given_is_kept_and_the_target_only_stops_it():
+    cfg = resolve_config(target_acc=0.995, dataset="mnist", recipe="seed-cnn")
+    assert (cfg.recipe, cfg.target_split) == ("seed-cnn", "val")
+    cfg = resolve_config(target_acc=0.995, dataset="mnist", model="mlp")
+    assert (cfg.recipe, cfg.model) == (None, "mlp")
+
+
+def test_a_bad_target_is_the_usual_value_error():
+    with pytest.raises(MnistflowError, match="target_acc|target-acc"):
+        resolve_config(target_acc=1.5, dataset="mnist")
+
+
+def test_every_measured_entry_names_a_recipe_and_a_known_dataset():
+    from mnistflow.data import datasets
+
+    assert REAL and REAL is not TABLE
+    for ds, by_recipe in REAL.items():
+        assert datasets.lookup(ds) is not None and set(by_recipe) <= set(recipes.RECIPES)
+        for lo, med, hi, secs in by_recipe.values():
+            assert 0 < lo <= med <= hi <= 1 and secs > 0
