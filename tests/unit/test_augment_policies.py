@@ -311,3 +311,4 @@ def test_reports_say_which_views():
 
     assert describe_views(8, True) == "mean of 9 views: the image, its mirror and 7 shifts"
     assert describe_views(8, False) == "mean of 9 shifted views"
+    assert describe_views(2, True) == "mean of 3 views: the image, its mirror and 1 shift"

@@ -9,7 +9,9 @@ from pathlib import Path
 def describe_views(views: int, mirror: bool) -> str:
     """What ``--tta views`` averages over, for run and eval reports."""
     if mirror:
-        return f"mean of {views + 1} views: the image, its mirror" + (f" and {views - 1} shifts" if views > 1 else "")
+        more = views - 1
+        return f"mean of {views + 1} views: the image, its mirror" + (
+            f" and {more} shift{'s' if more > 1 else ''}" if more else "")
     return f"mean of {views + 1} shifted views"
 
 
