@@ -1,14 +1,17 @@
 """mnistflow's native CPU kernels against the PyTorch ops they replace, in one run.
 
     .venv/bin/python benchmarks/bench_kernels.py [--threads 2] [--rounds 30]
+                     [--precision auto|bf16|fp32] [--recipe-seeds 0 1 2]
 
 Rows: each kernel (forward + backward where it has one) at the fast net's shapes (batch 384,
-bf16, channels-last; the AMX rows on CPUs with AMX), then whole training steps of the `fast`
-and `seed-cnn` nets (bf16 autocast, Muon / Adam) with the kernels on and off
-(``MNISTFLOW_KERNELS=0``, switched in process), and a `fast` step with the last stage before
-and after it became a VALID convolution (the "PyTorch" column is then the old net). Everything is measured interleaved, round after round, and each figure is the
-median over rounds of the best of 5 calls: this VM's speed drifts by 1.5x over seconds, and
-interleaving puts both sides of a ratio in the same drift.
+channels-last, in the precision the recipes train in on this CPU: ``--precision auto``, bf16 on
+CPUs with AMX or AVX-512-BF16, else fp32; the AMX rows on CPUs with AMX), then a training step
+of each recipe's net (fast, fast-wide and fast-deep with Muon, seed-cnn with Adam) with the
+kernels on and off (``MNISTFLOW_KERNELS=0``, switched in process), then whole `fast` recipe
+runs from prepared MNIST records, kernels on and off, seed by seed (``--recipe-seeds``; none:
+skip; ``--data``: the MNIST files). Everything is measured interleaved, round after round,
+and each step figure is the median over rounds of the best of 5 calls: this VM's speed drifts
+by 1.5x over seconds, and interleaving puts both sides of a ratio in the same drift.
 """
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ import argparse
 import os
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -28,6 +32,7 @@ import torch.nn.functional as F  # noqa: E402
 
 CL = torch.channels_last
 B = 384  # the fast recipe's batch
+DT = torch.bfloat16  # the precision of the kernel rows (main: --precision)
 
 
 def interleaved(fns: dict, rounds: int, reps: int = 5, before: dict | None = None) -> dict:
@@ -66,8 +71,8 @@ def op_pairs() -> list[tuple[str, object, object]]:
 
     pairs = []
     for c, h in ((32, 14), (48, 7), (96, 4)):
-        x = torch.randn(B, c, h, h).bfloat16().contiguous(memory_format=CL)
-        g = torch.randn(B, c, (h + 1) // 2, (h + 1) // 2).bfloat16().contiguous(memory_format=CL)
+        x = torch.randn(B, c, h, h).to(DT).contiguous(memory_format=CL)
+        g = torch.randn(B, c, (h + 1) // 2, (h + 1) // 2).to(DT).contiguous(memory_format=CL)
 
         def ref(x=x, g=g):
             a = x.detach().requires_grad_()
@@ -79,7 +84,7 @@ def op_pairs() -> list[tuple[str, object, object]]:
 
         pairs.append((f"max-pool 2x2 {c}x{h}x{h}, fwd+bwd", ref, ker))
     for c, h in ((32, 7), (48, 4), (96, 2)):
-        x = torch.randn(B, c, h, h).bfloat16().contiguous(memory_format=CL)
+        x = torch.randn(B, c, h, h).to(DT).contiguous(memory_format=CL)
         g = torch.randn_like(x)
         bn, ours = nn.BatchNorm2d(c), BatchNormReLU2d(c)
 
@@ -92,17 +97,17 @@ def op_pairs() -> list[tuple[str, object, object]]:
             ours(a).backward(g)
 
         pairs.append((f"batch norm + ReLU {c}x{h}x{h}, fwd+bwd", ref, ker))
-    x = torch.randn(2000, 32, 7, 7).bfloat16().contiguous(memory_format=CL)  # a test-pass batch
+    x = torch.randn(2000, 32, 7, 7).to(DT).contiguous(memory_format=CL)  # a test-pass batch
     bn, ours = nn.BatchNorm2d(32).eval(), BatchNormReLU2d(32).eval()
     pairs.append(("batch norm + ReLU 32x7x7, inference, batch 2000",
                   lambda x=x, bn=bn: torch.no_grad()(lambda: F.relu(bn(x), inplace=True))(),
                   lambda x=x, ours=ours: torch.no_grad()(ours)(x)))
     from mnistflow.kernels.layout import col2im, col2im_reference
-    gc = torch.randn(B, 2, 2, 3, 3, 48).bfloat16()  # the fast net's last stage: 4x4 -> 2x2
+    gc = torch.randn(B, 2, 2, 3, 3, 48).to(DT)  # the fast net's last stage: 4x4 -> 2x2
     pairs.append(("col2im 3x3 windows of 48x4x4 (strided adds vs kernel)",
                   lambda gc=gc: col2im_reference(gc, 4, 4, 3), lambda gc=gc: col2im(gc, 4, 4, 3)))
     for c in (48, 96):
-        x = torch.randn(B, c, 4, 4).bfloat16().contiguous(memory_format=CL)
+        x = torch.randn(B, c, 4, 4).to(DT).contiguous(memory_format=CL)
         pairs.append((f"batch/channel swap {c}x4x4", lambda x=x: x.transpose(0, 1).contiguous(memory_format=CL),
                       lambda x=x: swap_batch_channels(x)))
     return pairs + amx_pairs()
@@ -138,21 +143,21 @@ def amx_pairs() -> list[tuple[str, object, object]]:
     return pairs
 
 
-def step_fn(name: str, optimizer: str, widths: tuple | None = None):
-    """A training step of a registered net (or of the fast net at ``widths``, all stages SAME)."""
+def step_fn(name: str, optimizer: str, batch: int):
+    """A training step of registered net ``name`` at ``batch``, autocast to DT unless fp32."""
     from mnistflow.models import create_model
-    from mnistflow.models.fast import FastNet
     from mnistflow.training.optim import build_optimizer
 
     torch.manual_seed(0)
-    model = (FastNet((1, 28, 28), 10, widths) if widths else create_model(name)).to(memory_format=CL)
+    model = create_model(name).to(memory_format=CL)
+    bf16 = DT == torch.bfloat16
     opt = build_optimizer(optimizer, model.parameters(), 1e-3 if optimizer == "adam" else 0.5,
-                          **({} if optimizer == "adam" else dict(momentum=0.9, nesterov=True, bf16_products=True)))
-    x = torch.randn(B if name == "fast" else 128, 1, 28, 28).contiguous(memory_format=CL)
+                          **({} if optimizer == "adam" else dict(momentum=0.9, nesterov=True, bf16_products=bf16)))
+    x = torch.randn(batch, 1, 28, 28).contiguous(memory_format=CL)
     y = torch.randint(0, 10, (x.shape[0],))
 
     def step():
-        with torch.autocast("cpu", torch.bfloat16):
+        with torch.autocast("cpu", torch.bfloat16, enabled=bf16):
             loss = F.cross_entropy(model(x).float(), y)
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -160,35 +165,69 @@ def step_fn(name: str, optimizer: str, widths: tuple | None = None):
     return step
 
 
+def recipe_runs(data: str, seeds: list[int], threads: int) -> list[dict]:
+    """Whole `fast` recipe runs from prepared records, kernels on and off, seed by seed
+    (on, off, on, off, ...): test accuracy and wall time to the end of the test pass."""
+    import mnistflow
+
+    tmp = Path(tempfile.mkdtemp())
+    rec = mnistflow.prepare("mnist", data, tmp / "mnist", quiet=True)
+    runs: dict[str, list[dict]] = {"on": [], "off": []}
+    for s in seeds:
+        for side in ("on", "off"):
+            _set_kernels(side == "on")
+            runs[side].append(mnistflow.train(recipe="fast", data=str(rec), seed=s, threads=threads, quiet=True,
+                                              tensorboard=False, run_dir=str(tmp / f"{side}{s}")))
+    _set_kernels(True)
+    row = {"op": f"`fast` recipe, whole run from records (ms; median of seeds {' '.join(map(str, seeds))})"}
+    for side, col in (("off", "PyTorch ms"), ("on", "kernel ms")):
+        row[col] = 1e3 * statistics.median(r["wall_s"] for r in runs[side])
+        print(f"fast recipe, kernels {side}: test " + " ".join(f"{100 * r['test_acc']:.2f}" for r in runs[side])
+              + ", wall s " + " ".join(f"{r['wall_s']:.2f}" for r in runs[side]), flush=True)
+    row["ratio"] = row["kernel ms"] / row["PyTorch ms"]
+    return [row]
+
+
 def main() -> None:
+    global DT
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
     ap.add_argument("--rounds", type=int, default=30)
+    ap.add_argument("--precision", choices=["auto", "bf16", "fp32"], default="auto")
+    ap.add_argument("--recipe-seeds", type=int, nargs="*", default=[0, 1, 2])
+    ap.add_argument("--data", default=os.environ.get("MNISTFLOW_DATA", "../shared/data/mnist"))
     args = ap.parse_args()
     from mnistflow.runtime.cpu import tune_malloc
+    from mnistflow.runtime.device import pick_precision
 
     tune_malloc()
     torch.set_num_threads(args.threads)
+    precision = pick_precision(args.precision, torch.device("cpu"))
+    DT = torch.bfloat16 if precision == "bf16" else torch.float32
     _set_kernels(True)
     from mnistflow import kernels
     if kernels.library() is None:
         sys.exit(f"bench_kernels: the kernels are {kernels.reason()}")
     print(machine())
+    print(f"precision {precision} (--precision {args.precision}); AMX: {kernels.amx_reason()}", flush=True)
     rows = []
     for name, ref, ker in op_pairs():
         t = interleaved({"ref": ref, "ker": ker}, args.rounds)
         rows.append({"op": name, "PyTorch ms": t["ref"], "kernel ms": t["ker"], "ratio": t["ker"] / t["ref"]})
-    for net, optimizer in (("fast", "muon"), ("seed-cnn", "adam")):
-        steps = {"on": step_fn(net, optimizer), "off": step_fn(net, optimizer)}
+        print(f"{name}: {t['ref']:.3f} / {t['ker']:.3f} ms", flush=True)
+    # each recipe's net at its recipe's batch (best: fast-wide on digits, fast-deep on clothing)
+    for net, optimizer, batch, recipe in (("fast", "muon", B, "fast"), ("fast-wide", "muon", 256, "best, digits"),
+                                          ("fast-deep", "muon", 256, "best, clothing"),
+                                          ("seed-cnn", "adam", 128, "seed-cnn")):
+        steps = {"on": step_fn(net, optimizer, batch), "off": step_fn(net, optimizer, batch)}
         switch = {"on": lambda: _set_kernels(True), "off": lambda: _set_kernels(False)}
         t = interleaved(steps, max(args.rounds // 3, 5), before=switch)
-        rows.append({"op": f"{net} training step ({optimizer}, batch {B if net == 'fast' else 128})",
+        rows.append({"op": f"{net} training step ({recipe}: {optimizer}, batch {batch})",
                      "PyTorch ms": t["off"], "kernel ms": t["on"], "ratio": t["on"] / t["off"]})
+        print(f"{net} step: off {t['off']:.2f} / on {t['on']:.2f} ms", flush=True)
     _set_kernels(True)
-    t = interleaved({"same": step_fn("fast", "muon", (32, 48, 96)), "valid": step_fn("fast", "muon")},
-                    max(args.rounds // 3, 5))
-    rows.append({"op": "fast training step: last stage SAME 96 + pool (before) vs VALID 192 (now)",
-                 "PyTorch ms": t["same"], "kernel ms": t["valid"], "ratio": t["valid"] / t["same"]})
+    if args.recipe_seeds:
+        rows += recipe_runs(args.data, args.recipe_seeds, args.threads)
     print(table(rows, ["op", "PyTorch ms", "kernel ms", "ratio"]))
 
 

@@ -22,14 +22,13 @@ import os
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import machine, table  # noqa: E402
+from time_to_accuracy import baseline_b  # noqa: E402
 
 import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
 
 # Published test accuracies, for orientation (not measured here).
 REFERENCE = {
@@ -41,41 +40,6 @@ REFERENCE = {
     "emnist-balanced": "~88-91% (CNNs)",
     "cifar10": "ResNet-18 ~93-95%",
 }
-
-
-def baseline_b(rec, cap_s: float, seed: int = 0) -> dict:
-    """The tutorial's CNN trained as the tutorial does, until ``cap_s`` seconds have passed."""
-    from mnistflow.data.normalize import normalize
-    from mnistflow.models import create_model
-
-    torch.manual_seed(seed)
-
-    def tensors(split: str) -> tuple[torch.Tensor, torch.Tensor]:
-        x, y = rec.split(split)  # (N, H, W, C) uint8: the records' own size and channels
-        return normalize(torch.from_numpy(x.copy()), rec.mean, rec.std), torch.from_numpy(y.astype("int64"))
-
-    X, Y = tensors("train")
-    TX, TY = tensors("test")
-    model = create_model("seed-cnn", tuple(X.shape[1:]), rec.num_classes)
-    opt = torch.optim.Adam(model.parameters(), 1e-4)
-    t0, epochs, acc = time.perf_counter(), 0, 0.0
-    while time.perf_counter() - t0 < cap_s:
-        perm = torch.randperm(len(Y))
-        model.train()
-        for i in range(0, len(Y) - 49, 50):
-            idx = perm[i:i + 50]
-            loss = F.cross_entropy(model(X[idx]), Y[idx])
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            if time.perf_counter() - t0 >= cap_s:
-                break
-        epochs += 1
-        model.eval()
-        with torch.no_grad():
-            acc = sum(int((model(TX[i:i + 1000]).argmax(1) == TY[i:i + 1000]).sum())
-                      for i in range(0, len(TY), 1000)) / len(TY)
-    return {"acc": acc, "wall": time.perf_counter() - t0, "epochs": epochs}
 
 
 def main() -> None:
@@ -123,9 +87,9 @@ def main() -> None:
                   "wall s (median)": statistics.median(r["wall_s"] for r in runs),
                   "reference": REFERENCE.get(name, "")})
         if not a.no_baseline:
-            b = baseline_b(rec, a.cap_s)
+            b = baseline_b(rec, a.cap_s, target=None)
             done({"dataset": name, "recipe": f"B: tutorial CNN, Adam 1e-4, batch 50 ({b['epochs']} ep)",
-                  "test acc per seed": f"{100 * b['acc']:.2f}", "median %": 100 * b["acc"],
+                  "test acc per seed": f"{100 * b['accs'][-1]:.2f}", "median %": 100 * b["accs"][-1],
                   "wall s (median)": b["wall"], "reference": REFERENCE.get(name, "")})
     print()
     print(table(rows, cols))
