@@ -10,7 +10,7 @@ from mnistflow.training.setup import resolve_config
 
 REAL = recipes.MEASURED  # the shipped table (the fixture swaps in TABLE)
 TABLE = {"mnist": {"fast": (0.9893, 0.9910, 0.9918, 1.0), "seed-cnn": (0.9930, 0.9940, 0.9945, 40.0),
-                   "best": (0.9960, 0.9961, 0.9966, 50.0)}}
+                   "mid": (0.9950, 0.9955, 0.9958, 20.0), "best": (0.9960, 0.9961, 0.9966, 50.0)}}
 
 
 @pytest.fixture(autouse=True)
@@ -19,13 +19,22 @@ def _table(monkeypatch):
 
 
 @pytest.mark.parametrize("target,recipe,split", [(0.98, "fast", "test"), (0.9893, "fast", "test"),
-                                                 (0.9894, "seed-cnn", "val"), (0.995, "best", "test")])
+                                                 (0.9894, "mid", "test"), (0.995, "mid", "test"),
+                                                 (0.9951, "best", "test")])
 def test_the_cheapest_recipe_whose_every_seed_reaches_the_target(target, recipe, split, caplog):
     cfg = resolve_config(target_acc=target, dataset="mnist")
     assert (cfg.recipe, cfg.target_acc, cfg.target_split) == (recipe, target, split)
     assert cfg.model == recipes.RECIPES[recipe]["model"]
-    # fast and best have no validation pass: the final test pass judges the target
+    # fast, mid and best have no validation pass: the final test pass judges the target
     assert f"recipe {recipe}, the cheapest measured to reach it on mnist" in caplog.text
+
+
+def test_a_picked_recipe_with_a_validation_pass_judges_the_target_on_val(monkeypatch, caplog):
+    # without mid in the table, seed-cnn (which validates every epoch) is the cheapest at 99.3%
+    monkeypatch.setattr(recipes, "MEASURED", {"mnist": {k: v for k, v in TABLE["mnist"].items() if k != "mid"}})
+    cfg = resolve_config(target_acc=0.993, dataset="mnist")
+    assert (cfg.recipe, cfg.target_split) == ("seed-cnn", "val")
+    assert "recipe seed-cnn, the cheapest measured" in caplog.text
 
 
 def test_no_recipe_reaches_it_is_one_error_with_what_each_reaches():
