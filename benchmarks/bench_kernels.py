@@ -215,10 +215,15 @@ def main() -> None:
         t = interleaved({"ref": ref, "ker": ker}, args.rounds)
         rows.append({"op": name, "PyTorch ms": t["ref"], "kernel ms": t["ker"], "ratio": t["ker"] / t["ref"]})
         print(f"{name}: {t['ref']:.3f} / {t['ker']:.3f} ms", flush=True)
-    # each recipe's net at its recipe's batch (best: fast-wide on digits, fast-deep on clothing)
-    for net, optimizer, batch, recipe in (("fast", "muon", B, "fast"), ("fast-wide", "muon", 256, "best, digits"),
-                                          ("fast-deep", "muon", 256, "best, clothing"),
-                                          ("seed-cnn", "adam", 128, "seed-cnn")):
+    # each recipe's net, optimizer and batch, as the recipe (and what it changes per kind of data) says
+    from mnistflow.training.recipes import RECIPES, for_data
+
+    nets = {}
+    for recipe in ("fast", "best", "seed-cnn"):
+        for kind in ("", "clothing"):
+            r = {**RECIPES[recipe], **for_data(recipe, kind)}
+            nets.setdefault(r["model"], (r["optimizer"], r["batch_size"], f"{recipe}, {kind}" if kind else recipe))
+    for net, (optimizer, batch, recipe) in nets.items():
         steps = {"on": step_fn(net, optimizer, batch), "off": step_fn(net, optimizer, batch)}
         switch = {"on": lambda: _set_kernels(True), "off": lambda: _set_kernels(False)}
         t = interleaved(steps, max(args.rounds // 3, 5), before=switch)
