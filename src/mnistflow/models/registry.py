@@ -7,6 +7,7 @@ from typing import Callable
 import torch.nn as nn
 
 from mnistflow.core.errors import MnistflowError
+from mnistflow.models.ensemble import MAX_MEMBERS, Ensemble, parse_name
 
 
 @dataclass(frozen=True)
@@ -38,9 +39,22 @@ def list_models() -> list[str]:
 
 
 def get_entry(name: str) -> ModelEntry:
+    """The registered model ``name``; ``NAME-xK``: an ensemble of K registered NAMEs
+    (``models.ensemble``)."""
+    parsed = parse_name(name) if name not in _REGISTRY else None
+    if parsed and parsed[0] in _REGISTRY:
+        member, k = parsed
+        if not 2 <= k <= MAX_MEMBERS:
+            raise MnistflowError(f"model '{name}': an ensemble has 2 to {MAX_MEMBERS} members, not {k}")
+        base = _REGISTRY[member]
+
+        def factory(in_shape=(1, 28, 28), num_classes: int = 10, **kwargs) -> nn.Module:
+            return Ensemble(lambda: base.factory(in_shape=in_shape, num_classes=num_classes, **kwargs), k)
+
+        return ModelEntry(name, factory, f"{k} {member} nets, their probabilities averaged")
     if name not in _REGISTRY:
         raise MnistflowError(f"unknown model '{name}' (known: {', '.join(list_models())}; "
-                             "or a spec like 'conv5x5x32-relu,maxpool2,fc10')")
+                             "NAME-xK for an ensemble of K; or a spec like 'conv5x5x32-relu,maxpool2,fc10')")
     return _REGISTRY[name]
 
 

@@ -11,7 +11,8 @@ import time
 import torch
 import torch.nn.functional as F
 
-from mnistflow.training.optim import build_optimizer
+from mnistflow.models.ensemble import member_loss
+from mnistflow.training.optim import build_optimizer, net_parameters
 from mnistflow.runtime.device import Amp
 
 CPU_CANDIDATES = (64, 128, 256, 512)
@@ -21,7 +22,7 @@ GPU_MAX = 1 << 16
 def _steps(model, cfg, in_shape, num_classes, device, amp: Amp, batch: int, n: int) -> float:
     """Seconds per training step of a copy of ``model`` at ``batch`` (n timed steps)."""
     m = copy.deepcopy(model).train()
-    opt = build_optimizer(cfg.optimizer, m.parameters(), cfg.lr, momentum=cfg.momentum,
+    opt = build_optimizer(cfg.optimizer, net_parameters(m), cfg.lr, momentum=cfg.momentum,
                           nesterov=cfg.nesterov, weight_decay=cfg.weight_decay)
     fmt = torch.channels_last if cfg.channels_last else torch.contiguous_format
     x = torch.randn(batch, *in_shape, device=device).contiguous(memory_format=fmt)
@@ -29,7 +30,7 @@ def _steps(model, cfg, in_shape, num_classes, device, amp: Amp, batch: int, n: i
 
     def step():
         with amp.autocast():
-            loss = F.cross_entropy(m(x).float(), y)
+            loss = member_loss(m(x).float(), y, F.cross_entropy)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()

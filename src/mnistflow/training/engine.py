@@ -11,6 +11,7 @@ makes no collective call at all.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import time
 from dataclasses import dataclass, field
@@ -21,6 +22,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from mnistflow.core.errors import MnistflowError
+from mnistflow.models.ensemble import combined, member_loss
 from mnistflow.runtime import dist
 from mnistflow.runtime.device import Amp
 
@@ -62,14 +64,16 @@ def nonfinite(state: TrainState, lr: float, precision: str) -> NonFiniteLoss:
 def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, amp: Amp, xb: torch.Tensor,
                yb: torch.Tensor, lr: float, *, label_smoothing: float = 0.0,
                loss_fn: LossFn | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """One optimizer step at learning rate ``lr``; (the detached loss, the logits)."""
+    """One optimizer step at learning rate ``lr``; (the detached loss, the logits). An ensemble
+    (``models.ensemble``) is stepped on the sum of its members' losses and returns their mean
+    loss and their combined prediction."""
     for g in optimizer.param_groups:
         g["lr"] = lr
     with profiled("forward"):
         with amp.autocast():
-            logits = model(xb)
-        loss = (F.cross_entropy(logits.float(), yb, label_smoothing=label_smoothing) if loss_fn is None
-                else loss_fn(logits.float(), yb))
+            logits = model(xb)  # (N, classes); an ensemble's members: (N, K, classes)
+        loss = member_loss(logits.float(), yb, loss_fn or functools.partial(
+            F.cross_entropy, label_smoothing=label_smoothing))
     with profiled("backward"):
         optimizer.zero_grad(set_to_none=True)
         if amp.scaler is not None:
@@ -82,7 +86,8 @@ def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, amp: Amp, xb:
             amp.scaler.update()
         else:
             optimizer.step()
-    return loss.detach(), logits.detach()
+    members = logits.shape[1] if logits.dim() == 3 else 1
+    return loss.detach() / members, combined(logits.detach())  # logged: a member's mean loss
 
 
 class LogWindow:

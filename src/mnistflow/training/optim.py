@@ -7,6 +7,7 @@ import torch
 
 from mnistflow.kernels import amx_available
 from mnistflow.kernels.muon import orthogonalize  # Newton-Schulz in PyTorch, beside its AMX kernel
+from mnistflow.models.ensemble import nets
 
 OPTIMIZERS = ("sgd", "momentum", "adadelta", "adagrad", "adam", "adamw", "rmsprop", "muon")
 SCHEDULES = ("constant", "step", "cosine", "onecycle", "linear")
@@ -15,10 +16,23 @@ SCHEDULES = ("constant", "step", "cosine", "onecycle", "linear")
 _FUSED = {"sgd", "momentum", "adagrad", "adam", "adamw"}  # fused kernels on CPU and CUDA
 
 
+def net_parameters(model: torch.nn.Module) -> list[list[torch.nn.Parameter]]:
+    """The parameters of each net in ``model``: one list, or one per member of an ensemble
+    (``models.ensemble``), so that Muon finds each net's own classifier."""
+    return [list(m.parameters()) for m in nets(model)]
+
+
+def _nets(params) -> list[list[torch.nn.Parameter]]:
+    """``params`` as one list per net (parameters, or already one list of them per net)."""
+    params = list(params)
+    return [list(p) for p in params] if params and isinstance(params[0], (list, tuple)) else [params]
+
+
 def build_optimizer(name: str, params, lr: float, *, momentum: float = 0.9, nesterov: bool = False,
                     weight_decay: float = 0.0, fused: bool = True, muon_lr: float = 0.1,
                     muon_momentum: float = 0.8, bf16_products: bool = False) -> torch.optim.Optimizer:
-    """The optimizer called ``name``; ``momentum`` is SGD with momentum (``nesterov`` optional);
+    """The optimizer called ``name`` for ``params`` (parameters, or one list of them per net:
+    ``net_parameters``); ``momentum`` is SGD with momentum (``nesterov`` optional);
     ``muon`` is :class:`Muon` (``muon_lr``, ``muon_momentum`` for its matrices;
     ``bf16_products``: its orthogonalization may multiply in bf16, as a bf16 run does).
 
@@ -26,7 +40,8 @@ def build_optimizer(name: str, params, lr: float, *, momentum: float = 0.9, nest
     (sqrt, div, lerp as separate passes over fc1's 3.2M weights) was 45% of a bf16 CPU step;
     fused it is 5x cheaper.
     """
-    params = list(params)
+    nets = _nets(params)
+    params = [p for net in nets for p in net]
     wd = weight_decay
     kw = {"fused": True} if fused and name in _FUSED and _fusable(params) else {}
     if name == "sgd":
@@ -44,7 +59,7 @@ def build_optimizer(name: str, params, lr: float, *, momentum: float = 0.9, nest
     if name == "rmsprop":
         return torch.optim.RMSprop(params, lr, momentum=0.0, weight_decay=wd, foreach=True)
     if name == "muon":
-        return Muon(params, lr, muon_lr=muon_lr, muon_momentum=muon_momentum, momentum=momentum,
+        return Muon(nets, lr, muon_lr=muon_lr, muon_momentum=muon_momentum, momentum=momentum,
                     nesterov=nesterov, weight_decay=wd, bf16_products=bf16_products)
     raise ValueError(name)  # validated in config
 
@@ -59,7 +74,8 @@ class Muon(torch.optim.Optimizer):
     the same accuracy in 0.55 of an epoch that Nesterov SGD reaches in 0.9 (BENCHMARKS.md).
 
     Which parameters: every parameter with two or more dimensions except the last one, the
-    classifier (the registered models define it last; a test checks it), takes Muon at
+    classifier (the registered models define it last; a test checks it; ``params`` given as one
+    list per net, as for an ensemble: each net's last), takes Muon at
     ``muon_lr`` (scaled by the schedule like ``lr``) with ``muon_momentum``; the classifier,
     biases and normalization parameters take SGD at ``lr`` with ``momentum``, ``nesterov`` and
     ``weight_decay`` (which the Muon matrices do not take: their updates have a fixed size).
@@ -73,9 +89,12 @@ class Muon(torch.optim.Optimizer):
     def __init__(self, params, lr: float, *, muon_lr: float = 0.1, muon_momentum: float = 0.8,
                  momentum: float = 0.9, nesterov: bool = True, weight_decay: float = 0.0,
                  ns_steps: int = 3, bf16_products: bool = False):
-        params = [p for p in params if p.requires_grad]
-        matrices = [i for i, p in enumerate(params) if p.ndim >= 2]
-        ortho = set(matrices[:-1])  # the last matrix is the classifier
+        nets, params, ortho = _nets(params), [], set()
+        for net in nets:  # each net's last matrix is its classifier
+            net = [p for p in net if p.requires_grad]
+            matrices = [len(params) + i for i, p in enumerate(net) if p.ndim >= 2]
+            ortho.update(matrices[:-1])
+            params += net
         groups = [dict(params=[p for i, p in enumerate(params) if i not in ortho], muon=False)]
         if ortho:
             groups.append(dict(params=[p for i, p in enumerate(params) if i in ortho], muon=True))

@@ -27,6 +27,7 @@ from mnistflow.data.loader import StreamLoader, make_loader
 from mnistflow.data.normalize import normalize
 from mnistflow.data.records import Records, open_records
 from mnistflow.models import create_model
+from mnistflow.models.ensemble import nets
 from mnistflow.runtime import dist
 from mnistflow.runtime.cpu import (
     busy_cores_elsewhere,
@@ -51,7 +52,7 @@ from mnistflow.training.observe.memory import (
 from mnistflow.training.observe.metrics import MetricsFile
 from mnistflow.training.observe.starvation import StarvationWatch
 from mnistflow.training.observe.tensorboard import TensorBoardLogger
-from mnistflow.training.optim import build_optimizer
+from mnistflow.training.optim import build_optimizer, net_parameters
 
 WHITEN_IMAGES = 1000
 
@@ -356,7 +357,7 @@ def build_run(cfg: TrainConfig, run_dir: Path, device: torch.device, info: dist.
 
         first_conv(model, cfg.model)
     _preflight_memory(cfg, rec, model, (c, h, w))
-    optimizer = build_optimizer(cfg.optimizer, model.parameters(), cfg.lr, momentum=cfg.momentum,
+    optimizer = build_optimizer(cfg.optimizer, net_parameters(model), cfg.lr, momentum=cfg.momentum,
                                 nesterov=cfg.nesterov, weight_decay=cfg.weight_decay,
                                 muon_lr=cfg.muon_lr, muon_momentum=cfg.muon_momentum,
                                 bf16_products=precision == "bf16")
@@ -450,11 +451,12 @@ def whiten(run: Run) -> str:
 
     xb = normalize(run.rec.split("train")[0][:WHITEN_IMAGES], run.rec.mean, run.rec.std, run.device,
                    channels_last=run.cfg.channels_last)
-    said = whiten_first_conv(run.raw_model, xb)
+    members = nets(run.raw_model)  # an ensemble: each member's first convolution
+    said = [whiten_first_conv(m, xb) for m in members]  # every member, each the same way
     if run.info.enabled:
-        for p in first_conv(run.raw_model)[1].parameters():  # weight and bias
+        for p in (p for m in members for p in first_conv(m)[1].parameters()):  # weight and bias
             torch.distributed.broadcast(p.data, 0)
-    return said
+    return said[0] + (f" (in each of {len(members)} members)" if len(members) > 1 else "")
 
 
 def init_from(run: Run) -> str:
