@@ -182,7 +182,9 @@ def _resolve(model_or_path, input_size, channels, num_classes) -> tuple[nn.Modul
     if not looks_like_spec(text):
         try:
             get_entry(text)
-        except MnistflowError:
+        except MnistflowError as e:
+            if "an ensemble has" in e.detail:  # NAME-xK of a known NAME: the count is what is wrong
+                raise
             raise MnistflowError(f"'{text}' is neither a file, a run directory, a registered model "
                                  "nor a layer spec") from None
     shape = (channels or 1, h or 28, w or 28)

@@ -60,3 +60,18 @@ def test_it_is_one_model_in_every_format(ensemble_run, tmp_path):
     with torch.inference_mode():
         want = torch_model.eval()(torch.from_numpy(batch)).numpy()
     assert got.shape == (64, 10) and np.abs(got - want).max() < 1e-4
+
+
+def test_an_interrupted_ensemble_resumes_to_the_same_weights(mnist_records, tmp_path):
+    from safetensors.torch import load_file
+
+    common = dict(model="fast-x2", optimizer="muon", lr=0.5, nesterov=True, data=str(mnist_records),
+                  batch_size=64, quiet=True, threads=1, tensorboard=False, checkpoint_every=10,
+                  channels_last=True, whiten=True)
+    train(run_dir=str(tmp_path / "a"), epochs=0.02, **common)  # 17 steps (859 per epoch)
+    s = train(run_dir=str(tmp_path / "a"), resume=True, epochs=0.04, quiet=True)
+    assert s["resumed_from"] and s["model"] == "fast-x2"
+    train(run_dir=str(tmp_path / "b"), epochs=0.04, **common)
+    a, b = (load_file(str(tmp_path / r / "model.safetensors")) for r in "ab")
+    assert set(a) == set(b) and any(k.startswith("members.1.") for k in a)
+    assert all(torch.equal(a[k], b[k]) for k in a)
