@@ -68,6 +68,7 @@ def test_names():
     assert parse_name("fast-wide-x4") == ("fast-wide", 4) and parse_name("fast-wide") is None
     assert get_entry("seed-cnn-x2").description.startswith("2 seed-cnn nets")
     for bad, why in [("fast-x1", "2 to 16 members"), ("fast-x17", "2 to 16 members"),
-                     ("nosuch-x2", "unknown model 'nosuch-x2'")]:
+                     ("nosuch-x2", "unknown model 'nosuch-x2'"),
+                     ("fast-x" + "9" * 5000, r"unknown model 'fast-x9{71}\.\.\.' ")]:  # no int of 5,000 digits
         with pytest.raises(MnistflowError, match=why):
             create_model(bad)

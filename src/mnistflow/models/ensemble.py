@@ -21,7 +21,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 MAX_MEMBERS = 16
-_NAME = re.compile(r"^(?P<member>.+)-x(?P<k>\d+)$")
+_NAME = re.compile(r"^(?P<member>.+)-x(?P<k>\d{1,4})$")  # a longer K is no ensemble name
 
 
 def parse_name(name: str) -> tuple[str, int] | None:

@@ -38,6 +38,11 @@ def list_models() -> list[str]:
     return sorted(_REGISTRY)
 
 
+def _short(name: str, limit: int = 80) -> str:
+    """``name`` as an error shows it: at most ``limit`` characters."""
+    return name if len(name) <= limit else name[:limit - 3] + "..."
+
+
 def get_entry(name: str) -> ModelEntry:
     """The registered model ``name``; ``NAME-xK``: an ensemble of K registered NAMEs
     (``models.ensemble``)."""
@@ -45,7 +50,7 @@ def get_entry(name: str) -> ModelEntry:
     if parsed and parsed[0] in _REGISTRY:
         member, k = parsed
         if not 2 <= k <= MAX_MEMBERS:
-            raise MnistflowError(f"model '{name}': an ensemble has 2 to {MAX_MEMBERS} members, not {k}")
+            raise MnistflowError(f"model '{_short(name)}': an ensemble has 2 to {MAX_MEMBERS} members, not {k}")
         base = _REGISTRY[member]
 
         def factory(in_shape=(1, 28, 28), num_classes: int = 10, **kwargs) -> nn.Module:
@@ -53,7 +58,7 @@ def get_entry(name: str) -> ModelEntry:
 
         return ModelEntry(name, factory, f"{k} {member} nets, their probabilities averaged")
     if name not in _REGISTRY:
-        raise MnistflowError(f"unknown model '{name}' (known: {', '.join(list_models())}; "
+        raise MnistflowError(f"unknown model '{_short(name)}' (known: {', '.join(list_models())}; "
                              "NAME-xK for an ensemble of K; or a spec like 'conv5x5x32-relu,maxpool2,fc10')")
     return _REGISTRY[name]
 

@@ -86,8 +86,9 @@ def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, amp: Amp, xb:
             amp.scaler.update()
         else:
             optimizer.step()
-    members = logits.shape[1] if logits.dim() == 3 else 1
-    return loss.detach() / members, combined(logits.detach())  # logged: a member's mean loss
+    if logits.dim() == 2:
+        return loss.detach(), logits.detach()
+    return loss.detach() / logits.shape[1], combined(logits.detach())  # logged: a member's mean loss
 
 
 class LogWindow:
