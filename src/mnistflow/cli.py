@@ -271,12 +271,13 @@ def _add_models(sub) -> None:
 
 def _run_models(a) -> int:
     from mnistflow.models import get_entry, list_models, parameter_count
+    from mnistflow.models.ensemble import MAX_MEMBERS
 
     shape = (a.channels, *a.input)
     print(f"{'model':<14} {'params':>11}  description (input {shape[1]}x{shape[2]}x{shape[0]}, {a.classes} classes)")
     for name in list_models():
         print(f"{name:<14} {parameter_count(name, shape, a.classes):>11,}  {get_entry(name).description}")
-    print(f"{'NAME-xK':<14} {'K x NAME':>11}  an ensemble of K NAMEs (2-16) trained as one model, "
+    print(f"{'NAME-xK':<14} {'K x NAME':>11}  an ensemble of K NAMEs (2-{MAX_MEMBERS}) trained as one model, "
           "their probabilities averaged (e.g. fast-wide-x4)")
     return 0
 

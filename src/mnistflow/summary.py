@@ -157,7 +157,8 @@ def variables_table(model: nn.Module, all_variables: bool = False) -> list[str]:
 
 
 def _resolve(model_or_path, input_size, channels, num_classes) -> tuple[nn.Module, tuple, str]:
-    from mnistflow.models import get_entry
+    from mnistflow.models import get_entry, list_models
+    from mnistflow.models.ensemble import parse_name
     from mnistflow.models.spec import looks_like_spec
 
     h, w = _size(input_size) if input_size is not None else (None, None)
@@ -182,8 +183,9 @@ def _resolve(model_or_path, input_size, channels, num_classes) -> tuple[nn.Modul
     if not looks_like_spec(text):
         try:
             get_entry(text)
-        except MnistflowError as e:
-            if "an ensemble has" in e.detail:  # NAME-xK of a known NAME: the count is what is wrong
+        except MnistflowError:
+            ensemble = parse_name(text)
+            if ensemble and ensemble[0] in list_models():  # NAME-xK of a known NAME: the count is wrong
                 raise
             raise MnistflowError(f"'{text}' is neither a file, a run directory, a registered model "
                                  "nor a layer spec") from None
