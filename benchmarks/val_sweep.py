@@ -1,0 +1,159 @@
+"""Choosing recipes on validation, never on test: train on the training split only, score the
+validation split with test-time views, save each model's validation probabilities, and compare
+models and ensembles offline from those files.
+
+    MNISTFLOW_DATA=../shared/data/mnist python benchmarks/val_sweep.py run TAG [--recipe best]
+        [--set model=fast-deep epochs=3 ...] [--factory MODULE:FUNCTION] [--seeds 0 1] [--views 8]
+    python benchmarks/val_sweep.py compare TAG [TAG ...]     # (the first TAG is the reference)
+
+`run` trains through the public API on records that have no test split at all (a view of the
+prepared records without it), so no test figure is computed, let alone read. It writes
+OUT/TAG_SEED.npy (N_val x classes probabilities) and prints each seed's validation accuracy,
+errors and wall time. `--set` values are JSON where they parse as JSON (numbers, true, lists),
+else strings; `--factory` trains a model function of an importable module instead of a name.
+`compare` prints each model's accuracy and errors, how many of the images that every model of
+the first TAG gets wrong it gets wrong too, each TAG's ensemble and the ensemble of all. The
+tables in BENCHMARKS.md ("How `mid` was chosen", "Ensembles ...", "Other nets ...") came from
+these steps.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import machine  # noqa: E402
+
+import torch  # noqa: E402
+
+OUT = Path(os.environ.get("MNISTFLOW_SWEEP_DIR", Path(tempfile.gettempdir()) / "mnistflow-val-sweep"))
+
+
+def records_without_test(data: str, out: Path) -> Path:
+    """Prepared MNIST records (made once under ``out``) and a copy of them without the test
+    split: the same train and val files (hard links where the file system has them), and a
+    meta.json that lists no test split, its checksum made by the records' own function."""
+    import mnistflow
+    from mnistflow.data.record_check import meta_checksum
+
+    full, view = out / "records", out / "records-no-test"
+    if not (full / "meta.json").exists():
+        mnistflow.prepare("mnist", data, full, quiet=True)
+    if not (view / "meta.json").exists():
+        view.mkdir(parents=True, exist_ok=True)
+        meta = json.loads((full / "meta.json").read_text())
+        meta["splits"].pop("test", None)
+        meta["files"] = {k: v for k, v in meta["files"].items() if not k.startswith("test_")}
+        for name in meta["files"]:
+            if not (view / name).exists():
+                try:
+                    os.link(full / name, view / name)
+                except OSError:
+                    shutil.copyfile(full / name, view / name)
+        meta["meta_sha256"] = meta_checksum(meta)
+        (view / "meta.json").write_text(json.dumps(meta, indent=1))
+    return view
+
+
+def parse_sets(items: list[str]) -> dict:
+    out = {}
+    for item in items:
+        key, _, value = item.partition("=")
+        try:
+            out[key] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key] = value
+    return out
+
+
+def run(a: argparse.Namespace) -> None:
+    import mnistflow
+    from mnistflow.data.normalize import normalize
+    from mnistflow.data.records import open_records
+    from mnistflow.models.evaluate import tta_logits
+
+    torch.set_num_threads(a.threads)
+    recs = records_without_test(a.data, OUT)
+    vx, vy = open_records(recs).split("val")
+    vy = np.asarray(vy)
+    settings = parse_sets(a.set)
+    what = {**settings, **({"model": a.factory} if a.factory else {})}
+    if a.factory:
+        module, _, name = a.factory.partition(":")
+        settings["model"] = getattr(importlib.import_module(module), name)
+    print(f"# {machine()}\n# {a.tag}: recipe {a.recipe}, {what}, train only, {a.views} extra views")
+    for seed in a.seeds:
+        path = OUT / f"{a.tag}_{seed}.npy"
+        run_dir = tempfile.mkdtemp()
+        t0 = time.perf_counter()
+        r = mnistflow.train(recipe=a.recipe, data=str(recs), seed=seed, threads=a.threads, quiet=True,
+                            tensorboard=False, run_dir=run_dir, train_on="train", validate=False,
+                            **settings)
+        model, info = mnistflow.load_any(run_dir)
+        model.eval()
+        x = normalize(np.asarray(vx), info.mean, info.std)
+        with torch.inference_mode():  # probabilities averaged over the views (tta_logits: their log)
+            p = torch.cat([tta_logits(model, x[i:i + 1000], a.views).exp()
+                           for i in range(0, len(x), 1000)]).numpy()
+        np.save(path, p)
+        shutil.rmtree(run_dir, ignore_errors=True)
+        wrong = int((p.argmax(1) != vy).sum())
+        print(f"{a.tag} seed {seed}: val {100 * (1 - wrong / len(vy)):.2f}% ({wrong} errors), "
+              f"training wall {r['wall_s']:.1f} s, with scoring {time.perf_counter() - t0:.1f} s", flush=True)
+
+
+def compare(a: argparse.Namespace) -> None:
+    from mnistflow.data.records import open_records
+
+    _, vy = open_records(records_without_test(a.data, OUT)).split("val")
+    vy = np.asarray(vy)
+    probs = {tag: [np.load(f) for f in sorted(OUT.glob(f"{tag}_*.npy"))] for tag in a.tags}
+    if not probs[a.tags[0]]:
+        sys.exit(f"no saved models for {a.tags[0]} in {OUT} (run it first)")
+    shared = np.logical_and.reduce([p.argmax(1) != vy for p in probs[a.tags[0]]])
+
+    def acc(ps: list[np.ndarray]) -> str:
+        return f"{100 * (sum(ps).argmax(1) == vy).mean():.2f}%"
+
+    print(f"{int(shared.sum())} validation images are wrong in every model of {a.tags[0]}")
+    for tag, ps in probs.items():
+        for p in ps:
+            w = p.argmax(1) != vy
+            print(f"  {tag}: val {acc([p])}, {int(w.sum())} errors, {int((w & shared).sum())} of the shared")
+        if len(ps) > 1:
+            print(f"  {tag}: ensemble of {len(ps)}: {acc(ps)}")
+    everything = [p for ps in probs.values() for p in ps]
+    if len(probs) > 1:
+        print(f"all {len(everything)} models: {acc(everything)}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--data", default=os.environ.get("MNISTFLOW_DATA", "../shared/data/mnist"))
+    sub = ap.add_subparsers(dest="verb", required=True)
+    r = sub.add_parser("run", help="train on train only and save the validation probabilities")
+    r.add_argument("tag")
+    r.add_argument("--recipe", default="best")
+    r.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE")
+    r.add_argument("--factory", help="MODULE:FUNCTION returning the model (instead of --set model=)")
+    r.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    r.add_argument("--views", type=int, default=8, choices=(0, 2, 4, 8))
+    r.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
+    c = sub.add_parser("compare", help="models and ensembles from the saved probabilities")
+    c.add_argument("tags", nargs="+")
+    a = ap.parse_args()
+    OUT.mkdir(parents=True, exist_ok=True)
+    run(a) if a.verb == "run" else compare(a)
+
+
+if __name__ == "__main__":
+    main()
