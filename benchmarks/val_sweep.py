@@ -10,7 +10,8 @@ models and ensembles offline from those files.
 prepared records without it), so no test figure is computed, let alone read. It writes
 OUT/TAG_SEED.npy (N_val x classes probabilities) and prints each seed's validation accuracy,
 errors and wall time. `--set` values are JSON where they parse as JSON (numbers, true, lists),
-else strings; `--factory` trains a model function of an importable module instead of a name.
+else strings; `--factory` trains a model function of an importable module instead of a name;
+`--glyphs SHIFT DEGREES` changes the glyph augmentation's ranges for the run.
 `compare` prints each model's accuracy and errors, how many of the images that every model of
 the first TAG gets wrong it gets wrong too, each TAG's ensemble and the ensemble of all. The
 tables in BENCHMARKS.md ("How `mid` was chosen", "Ensembles ...", "Other nets ...") came from
@@ -87,6 +88,14 @@ def run(a: argparse.Namespace) -> None:
     vy = np.asarray(vy)
     settings = parse_sets(a.set)
     what = {**settings, **({"model": a.factory} if a.factory else {})}
+    if a.glyphs:  # this process only: the glyphs policy with other shift / rotation ranges
+        import mnistflow.data.augment as aug
+
+        shift, degrees = a.glyphs
+        aug.POLICIES["glyphs"] = aug.Policy("glyphs", f"shifts {shift} px, rotations {degrees} degrees",
+                                            aug._glyphs_draw,
+                                            lambda x, d, fill: aug._rotate_shift(x, d[0], shift, degrees))
+        what["glyphs"] = a.glyphs
     if a.factory:
         module, _, name = a.factory.partition(":")
         settings["model"] = getattr(importlib.import_module(module), name)
@@ -145,6 +154,8 @@ def main() -> None:
     r.add_argument("--recipe", default="best")
     r.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE")
     r.add_argument("--factory", help="MODULE:FUNCTION returning the model (instead of --set model=)")
+    r.add_argument("--glyphs", type=float, nargs=2, metavar=("SHIFT_PX", "DEGREES"),
+                   help="the glyphs augmentation with these ranges (default 2 px, 10 degrees)")
     r.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     r.add_argument("--views", type=int, default=8, choices=(0, 2, 4, 8))
     r.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
