@@ -39,16 +39,12 @@ import torch  # noqa: E402
 OUT = Path(os.environ.get("MNISTFLOW_SWEEP_DIR", Path(tempfile.gettempdir()) / "mnistflow-val-sweep"))
 
 
-def records_without_test(data: str, out: Path) -> Path:
-    """Prepared MNIST records (made once under ``out``) and a copy of them without the test
-    split: the same train and val files (hard links where the file system has them), and a
-    meta.json that lists no test split, its checksum made by the records' own function."""
-    import mnistflow
+def records_without_test(full: Path, view: Path) -> Path:
+    """``view``: a copy of the records ``full`` without their test split: the same train and
+    val files (hard links where the file system has them) and a meta.json that lists no test
+    split, its checksum made by the records' own function. Made once; returns ``view``."""
     from mnistflow.data.record_check import meta_checksum
 
-    full, view = out / "records", out / "records-no-test"
-    if not (full / "meta.json").exists():
-        mnistflow.prepare("mnist", data, full, quiet=True)
     if not (view / "meta.json").exists():
         view.mkdir(parents=True, exist_ok=True)
         meta = json.loads((full / "meta.json").read_text())
@@ -63,6 +59,16 @@ def records_without_test(data: str, out: Path) -> Path:
         meta["meta_sha256"] = meta_checksum(meta)
         (view / "meta.json").write_text(json.dumps(meta, indent=1))
     return view
+
+
+def sweep_records(data: str) -> Path:
+    """MNIST from ``data`` prepared once under OUT, and its view without the test split."""
+    import mnistflow
+
+    full = OUT / "records"
+    if not (full / "meta.json").exists():
+        mnistflow.prepare("mnist", data, full, quiet=True)
+    return records_without_test(full, OUT / "records-no-test")
 
 
 def parse_sets(items: list[str]) -> dict:
@@ -83,7 +89,7 @@ def run(a: argparse.Namespace) -> None:
     from mnistflow.models.evaluate import tta_logits
 
     torch.set_num_threads(a.threads)
-    recs = records_without_test(a.data, OUT)
+    recs = sweep_records(a.data)
     vx, vy = open_records(recs).split("val")
     vy = np.asarray(vy)
     settings = parse_sets(a.set)
@@ -123,7 +129,7 @@ def run(a: argparse.Namespace) -> None:
 def compare(a: argparse.Namespace) -> None:
     from mnistflow.data.records import open_records
 
-    _, vy = open_records(records_without_test(a.data, OUT)).split("val")
+    _, vy = open_records(sweep_records(a.data)).split("val")
     vy = np.asarray(vy)
     probs = {tag: [np.load(f) for f in sorted(OUT.glob(f"{tag}_*.npy"))] for tag in a.tags}
     if not probs[a.tags[0]]:

@@ -1,0 +1,62 @@
+"""benchmarks/val_sweep.py, the tool recipes are chosen with: it trains on records that have no
+test split at all, so a sweep cannot compute a test figure, and it saves what it compares."""
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+import mnistflow
+from mnistflow.data.records import open_records
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "val_sweep.py"
+
+
+def _val_sweep():
+    spec = importlib.util.spec_from_file_location("val_sweep", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_records_without_test_hold_train_and_val_only(mnist_records, tmp_path):
+    view = _val_sweep().records_without_test(Path(mnist_records), tmp_path / "view")
+    rec, full = open_records(view), open_records(mnist_records)  # opening checks every checksum
+    assert rec.has("train") and rec.has("val") and not rec.has("test")
+    assert not list(view.glob("test_*"))
+    for split in ("train", "val"):
+        (x, y), (fx, fy) = rec.split(split), full.split(split)
+        assert np.array_equal(np.asarray(x), np.asarray(fx)) and np.array_equal(np.asarray(y), np.asarray(fy))
+    r = mnistflow.train(recipe="fast", data=str(view), epochs=0.05, threads=1, quiet=True,
+                        tensorboard=False, run_dir=str(tmp_path / "run"), train_on="train")
+    assert r["test_acc"] is None and r["val_acc"] is None  # no test pass, and none asked on val
+
+
+def test_run_saves_validation_probabilities_and_compare_reads_them(mnist_records, tmp_path):
+    out = tmp_path / "sweep"
+    out.mkdir()
+    (out / "records").symlink_to(Path(mnist_records).resolve())  # prepared already: not again
+    env = {**os.environ, "MNISTFLOW_SWEEP_DIR": str(out)}
+
+    def sweep(*args: str) -> str:
+        p = subprocess.run([sys.executable, str(SCRIPT), *args], env=env, capture_output=True,
+                           text=True, timeout=300)
+        assert p.returncode == 0, p.stderr
+        return p.stdout
+
+    ran = sweep("run", "tiny", "--recipe", "fast", "--set", "epochs=0.1", "--seeds", "0", "1",
+                "--views", "2", "--threads", "1")
+    _, vy = open_records(mnist_records).split("val")
+    accs = []
+    for seed in (0, 1):
+        p = np.load(out / f"tiny_{seed}.npy")
+        assert p.shape == (len(vy), 10) and np.allclose(p.sum(1), 1, atol=1e-4)
+        accs.append(100 * (p.argmax(1) == np.asarray(vy)).mean())
+        assert f"tiny seed {seed}: val {accs[-1]:.2f}%" in ran
+    assert min(accs) > 90  # a tenth of an epoch of fast already learns the digits
+    compared = sweep("compare", "tiny")
+    assert f"tiny: val {accs[0]:.2f}%" in compared and "ensemble of 2" in compared
