@@ -13,9 +13,10 @@ errors and wall time. `--set` values are JSON where they parse as JSON (numbers,
 else strings; `--factory` trains a model function of an importable module instead of a name;
 `--glyphs SHIFT DEGREES` changes the glyph augmentation's ranges for the run.
 `compare` prints each model's accuracy and errors, how many of the images that every model of
-the first TAG gets wrong it gets wrong too, each TAG's ensemble and the ensemble of all. The
-tables in BENCHMARKS.md ("How `mid` was chosen", "Ensembles ...", "Other nets ...") came from
-these steps.
+the first TAG gets wrong it gets wrong too, each TAG's ensemble and the ensemble of all.
+BENCHMARKS.md's "Narrower nets" table came from this script. The other validation tables ("How
+`mid` was chosen", "Ensembles ...", "Other nets ...") came from scripts that took the same steps
+but also ran the test pass, unread; their wall times include it.
 """
 from __future__ import annotations
 
