@@ -147,17 +147,19 @@ def test_a_dead_machine_ends_the_other_with_one_line(mnist_records, tmp_path, no
     run = tmp_path / "run"
     job = nodes(["train", "--model", "softmax", "--data", str(mnist_records), "--run-dir", str(run),
                  "--batch-size", "32", "--max-steps", "5000", "--no-tensorboard", *COMMON],
-                env={"MNISTFLOW_INJECT_DATA_DELAY": "0.01"})
+                env={"MNISTFLOW_INJECT_DATA_DELAY": "0.01", "MNISTFLOW_DIST_TIMEOUT": "60"})
     job.wait_for_step(run, 10)
     victim, survivor = job.procs[dies], job.procs[1 - dies]
     t0 = time.monotonic()
     for w in job.workers(dies):
         w.kill()
     victim.kill()
-    out = job.wait(timeout=60)[1 - dies]
+    out = job.wait(timeout=90)[1 - dies]
     took = time.monotonic() - t0
     assert survivor.returncode != 0, out
-    assert took < 20, took  # the broken connection is seen at once, not after the 20 s timeout
+    # The broken connection is seen at once (~5 s here, alone), not after the collective timeout,
+    # raised to 60 s for this test: a loaded CI machine once took 21 s against a 20 s timeout.
+    assert took < 40, took
     (line,) = error_lines(out)
     assert line.startswith(f"mnistflow: error: rank {1 - dies} of 2: a collective operation failed"), line
     assert "another process has died or hung, so the whole job stops" in line
