@@ -5,6 +5,7 @@ models and ensembles offline from those files.
     MNISTFLOW_DATA=../shared/data/mnist python benchmarks/val_sweep.py run TAG [--recipe best]
         [--set model=fast-deep epochs=3 ...] [--factory MODULE:FUNCTION] [--seeds 0 1] [--views 8]
     python benchmarks/val_sweep.py compare TAG [TAG ...]     # (the first TAG is the reference)
+    python benchmarks/val_sweep.py time TAG [TAG ...] [--rounds 8]   # training walls, interleaved
 
 `run` trains through the public API on records that have no test split at all (a view of the
 prepared records without it), so no test figure is computed, let alone read. It writes
@@ -14,7 +15,11 @@ else strings; `--factory` trains a model function of an importable module instea
 `--glyphs SHIFT DEGREES` changes the glyph augmentation's ranges for the run.
 `compare` prints each model's accuracy and errors, how many of the images that every model of
 the first TAG gets wrong it gets wrong too, each TAG's ensemble and the ensemble of all.
-BENCHMARKS.md's "Narrower nets" table came from this script. The other validation tables ("How
+`time` trains each TAG again as its `run` did (its settings are kept in OUT/TAG.json), in one
+process, the tags interleaved round by round (seed = round, the order reversed every other
+round, no scoring), and prints each tag's median training wall and its ratio to the first
+TAG's: the VM's speed drifts, so times are compared only within one such run.
+BENCHMARKS.md's "Narrower nets" and "What `fast`'s arithmetic allows" tables came from this script. The other validation tables ("How
 `mid` was chosen", "Ensembles ...", "Other nets ...") came from scripts that took the same steps
 but also ran the test pass, unread; their wall times include it.
 """
@@ -83,6 +88,37 @@ def parse_sets(items: list[str]) -> dict:
     return out
 
 
+_SHIPPED: dict = {}  # the glyphs policy as mnistflow ships it, once replaced
+
+
+def _glyphs(glyphs: list[float] | None) -> None:
+    """The glyphs policy with other shift / rotation ranges in this process (None: as shipped)."""
+    import mnistflow.data.augment as aug
+
+    shipped = _SHIPPED.setdefault("glyphs", aug.POLICIES["glyphs"])
+    if not glyphs:
+        aug.POLICIES["glyphs"] = shipped
+        return
+    shift, degrees = glyphs
+    aug.POLICIES["glyphs"] = aug.Policy("glyphs", f"shifts {shift} px, rotations {degrees} degrees",
+                                        aug._glyphs_draw,
+                                        lambda x, d, fill: aug._rotate_shift(x, d[0], shift, degrees))
+
+
+def _train(spec: dict, recs: Path, seed: int, run_dir: str) -> dict:
+    """One training run of a tag's ``spec`` (what `run` recorded) on the records without test."""
+    import mnistflow
+
+    settings = parse_sets(spec["set"])
+    if spec.get("factory"):
+        module, _, name = spec["factory"].partition(":")
+        settings["model"] = getattr(importlib.import_module(module), name)
+    _glyphs(spec.get("glyphs"))
+    return mnistflow.train(recipe=spec["recipe"], data=str(recs), seed=seed, threads=spec["threads"],
+                           quiet=True, tensorboard=False, run_dir=run_dir, train_on="train",
+                           validate=False, **settings)
+
+
 def run(a: argparse.Namespace) -> None:
     import mnistflow
     from mnistflow.data.normalize import normalize
@@ -93,27 +129,16 @@ def run(a: argparse.Namespace) -> None:
     recs = sweep_records(a.data)
     vx, vy = open_records(recs).split("val")
     vy = np.asarray(vy)
-    settings = parse_sets(a.set)
-    what = {**settings, **({"model": a.factory} if a.factory else {})}
-    if a.glyphs:  # this process only: the glyphs policy with other shift / rotation ranges
-        import mnistflow.data.augment as aug
-
-        shift, degrees = a.glyphs
-        aug.POLICIES["glyphs"] = aug.Policy("glyphs", f"shifts {shift} px, rotations {degrees} degrees",
-                                            aug._glyphs_draw,
-                                            lambda x, d, fill: aug._rotate_shift(x, d[0], shift, degrees))
-        what["glyphs"] = a.glyphs
-    if a.factory:
-        module, _, name = a.factory.partition(":")
-        settings["model"] = getattr(importlib.import_module(module), name)
+    spec = {"recipe": a.recipe, "set": a.set, "factory": a.factory, "glyphs": a.glyphs, "threads": a.threads}
+    (OUT / f"{a.tag}.json").write_text(json.dumps(spec))  # what `time` trains again
+    what = {**parse_sets(a.set), **({"model": a.factory} if a.factory else {}),
+            **({"glyphs": a.glyphs} if a.glyphs else {})}
     print(f"# {machine()}\n# {a.tag}: recipe {a.recipe}, {what}, train only, {a.views} extra views")
     for seed in a.seeds:
         path = OUT / f"{a.tag}_{seed}.npy"
         run_dir = tempfile.mkdtemp()
         t0 = time.perf_counter()
-        r = mnistflow.train(recipe=a.recipe, data=str(recs), seed=seed, threads=a.threads, quiet=True,
-                            tensorboard=False, run_dir=run_dir, train_on="train", validate=False,
-                            **settings)
+        r = _train(spec, recs, seed, run_dir)
         model, info = mnistflow.load_any(run_dir)
         model.eval()
         x = normalize(np.asarray(vx), info.mean, info.std)
@@ -125,6 +150,29 @@ def run(a: argparse.Namespace) -> None:
         wrong = int((p.argmax(1) != vy).sum())
         print(f"{a.tag} seed {seed}: val {100 * (1 - wrong / len(vy)):.2f}% ({wrong} errors), "
               f"training wall {r['wall_s']:.1f} s, with scoring {time.perf_counter() - t0:.1f} s", flush=True)
+
+
+def time_tags(a: argparse.Namespace) -> None:
+    """Each tag's training wall, the tags interleaved in this one process."""
+    specs = {}
+    for tag in a.tags:
+        f = OUT / f"{tag}.json"
+        if not f.exists():
+            sys.exit(f"no settings saved for {tag} in {OUT} (run it first)")
+        specs[tag] = json.loads(f.read_text())
+    recs = sweep_records(a.data)
+    walls: dict[str, list[float]] = {tag: [] for tag in a.tags}
+    print(f"# {machine()}\n# training walls, train only, {a.rounds} interleaved rounds (seed = round)")
+    for rnd in range(a.rounds):
+        for tag in (a.tags if rnd % 2 == 0 else a.tags[::-1]):
+            torch.set_num_threads(specs[tag]["threads"])
+            run_dir = tempfile.mkdtemp()
+            walls[tag].append(_train(specs[tag], recs, rnd, run_dir)["wall_s"])
+            shutil.rmtree(run_dir, ignore_errors=True)
+    ref = float(np.median(walls[a.tags[0]]))
+    print("| tag | median training wall s | ratio | each round |\n|---|---|---|---|")
+    for tag, w in walls.items():
+        print(f"| {tag} | {np.median(w):.3f} | {np.median(w) / ref:.2f} | {' '.join(f'{v:.2f}' for v in w)} |")
 
 
 def compare(a: argparse.Namespace) -> None:
@@ -168,9 +216,12 @@ def main() -> None:
     r.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
     c = sub.add_parser("compare", help="models and ensembles from the saved probabilities")
     c.add_argument("tags", nargs="+")
+    t = sub.add_parser("time", help="the tags' training walls, interleaved in one process")
+    t.add_argument("tags", nargs="+")
+    t.add_argument("--rounds", type=int, default=8)
     a = ap.parse_args()
     OUT.mkdir(parents=True, exist_ok=True)
-    run(a) if a.verb == "run" else compare(a)
+    {"run": run, "compare": compare, "time": time_tags}[a.verb](a)
 
 
 if __name__ == "__main__":

@@ -36,17 +36,17 @@ def test_records_without_test_hold_train_and_val_only(mnist_records, tmp_path):
     assert r["test_acc"] is None and r["val_acc"] is None  # no test pass, and none asked on val
 
 
-def test_run_saves_validation_probabilities_and_compare_reads_them(mnist_records, tmp_path):
+def test_run_saves_validation_probabilities_and_compare_and_time_read_them(mnist_records, tmp_path):
     out = tmp_path / "sweep"
     out.mkdir()
     (out / "records").symlink_to(Path(mnist_records).resolve())  # prepared already: not again
     env = {**os.environ, "MNISTFLOW_SWEEP_DIR": str(out)}
 
-    def sweep(*args: str) -> str:
+    def sweep(*args: str, rc: int = 0) -> str:
         p = subprocess.run([sys.executable, str(SCRIPT), *args], env=env, capture_output=True,
                            text=True, timeout=300)
-        assert p.returncode == 0, p.stderr
-        return p.stdout
+        assert p.returncode == rc, p.stderr
+        return p.stdout + p.stderr
 
     ran = sweep("run", "tiny", "--recipe", "fast", "--set", "epochs=0.1", "--seeds", "0", "1",
                 "--views", "2", "--threads", "1")
@@ -60,3 +60,9 @@ def test_run_saves_validation_probabilities_and_compare_reads_them(mnist_records
     assert min(accs) > 90  # a tenth of an epoch of fast already learns the digits
     compared = sweep("compare", "tiny")
     assert f"tiny: val {accs[0]:.2f}%" in compared and "ensemble of 2" in compared
+    # `time` trains the tag again from its saved settings: one round, one line, ratio 1 to itself
+    timed = sweep("time", "tiny", "--rounds", "1")
+    row = next(line for line in timed.splitlines() if line.startswith("| tiny |"))
+    wall, ratio = (float(v) for v in row.split("|")[2:4])
+    assert 0 < wall < 60 and ratio == 1.0
+    assert "no settings saved for missing" in sweep("time", "tiny", "missing", rc=1)
