@@ -19,9 +19,10 @@ the first TAG gets wrong it gets wrong too, each TAG's ensemble and the ensemble
 process, the tags interleaved round by round (seed = round, the order reversed every other
 round, no scoring), and prints each tag's median training wall and its ratio to the first
 TAG's: the VM's speed drifts, so times are compared only within one such run.
-BENCHMARKS.md's "Narrower nets" and "What `fast`'s arithmetic allows" tables came from this script. The other validation tables ("How
-`mid` was chosen", "Ensembles ...", "Other nets ...") came from scripts that took the same steps
-but also ran the test pass, unread; their wall times include it.
+BENCHMARKS.md's "Narrower nets" and "What `fast`'s arithmetic allows" tables came from this
+script. The other validation tables ("How `mid` was chosen", "Ensembles ...", "Other nets ...")
+came from scripts that took the same steps but also ran the test pass, unread; their wall times
+include it.
 """
 from __future__ import annotations
 
