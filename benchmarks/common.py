@@ -8,20 +8,28 @@ import platform
 def machine() -> str:
     import torch
 
-    cpu = "unknown CPU"
-    try:
+    cpu, family, model = "unknown CPU", "", ""
+    try:  # the model name alone ("AMD EPYC" in a VM) does not tell the generation apart
         for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
+            key, _, value = (part.strip() for part in line.partition(":"))
+            if key == "model name":
+                cpu = value
+            elif key == "cpu family":
+                family = value
+            elif key == "model":
+                model = value
+            elif not line.strip():
+                break  # the first processor's block is enough
     except OSError:
         pass
+    if family:
+        cpu += f" (family {family} model {model})"
     flags = ""
     try:
         from mnistflow.runtime.cpu import cpu_flags
 
         f = cpu_flags()
-        flags = " ".join(x for x in ("avx512f", "avx512_bf16", "amx_bf16") if x in f)
+        flags = " ".join(x for x in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if x in f)
     except ImportError:
         pass
     return (f"{cpu} [{flags}], {len(os.sched_getaffinity(0))} cores, Python {platform.python_version()},"
