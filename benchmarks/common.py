@@ -8,30 +8,16 @@ import platform
 def machine() -> str:
     import torch
 
-    cpu, family, model = "unknown CPU", "", ""
-    try:  # the model name alone ("AMD EPYC" in a VM) does not tell the generation apart
-        for line in open("/proc/cpuinfo"):
-            key, _, value = (part.strip() for part in line.partition(":"))
-            if key == "model name":
-                cpu = value
-            elif key == "cpu family":
-                family = value
-            elif key == "model":
-                model = value
-            elif not line.strip():
-                break  # the first processor's block is enough
-    except OSError:
-        pass
-    if family:
-        cpu += f" (family {family} model {model})"
-    flags = ""
     try:
-        from mnistflow.runtime.cpu import cpu_flags
+        from mnistflow.runtime.cpu import cpu_flags, cpu_info
 
-        f = cpu_flags()
-        flags = " ".join(x for x in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if x in f)
+        info, f = cpu_info(), cpu_flags()
     except ImportError:
-        pass
+        info, f = {}, frozenset()
+    cpu = info.get("model name", "unknown CPU")
+    if info.get("cpu family"):  # the model name alone ("AMD EPYC" in a VM) does not tell the generation
+        cpu += f" (family {info['cpu family']} model {info.get('model', '?')})"
+    flags = " ".join(x for x in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if x in f)
     return (f"{cpu} [{flags}], {len(os.sched_getaffinity(0))} cores, Python {platform.python_version()},"
             f" torch {torch.__version__}, threads {torch.get_num_threads()}")
 

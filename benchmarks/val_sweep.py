@@ -166,7 +166,6 @@ def time_tags(a: argparse.Namespace) -> None:
     print(f"# {machine()}\n# training walls, train only, {a.rounds} interleaved rounds (seed = round)")
     for rnd in range(a.rounds):
         for tag in (a.tags if rnd % 2 == 0 else a.tags[::-1]):
-            torch.set_num_threads(specs[tag]["threads"])
             run_dir = tempfile.mkdtemp()
             walls[tag].append(_train(specs[tag], recs, rnd, run_dir)["wall_s"])
             shutil.rmtree(run_dir, ignore_errors=True)

@@ -101,14 +101,9 @@ def _omp_wait_policy() -> str:
 
 
 def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
+    from mnistflow.runtime.cpu import cpu_info
+
+    return cpu_info().get("model name") or platform.processor() or "unknown"
 
 
 def format_report(d: dict) -> str:

@@ -26,15 +26,25 @@ M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, M_MMAP_MAX = -1, -3, -4
 
 
 @lru_cache(maxsize=1)
-def cpu_flags() -> frozenset[str]:
+def cpu_info() -> dict[str, str]:
+    """The first processor's fields in /proc/cpuinfo ("model name", "cpu family", "model",
+    "flags", ...); empty where there is none (not Linux)."""
+    info: dict[str, str] = {}
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
-                if line.startswith("flags"):
-                    return frozenset(line.split(":", 1)[1].split())
+                if not line.strip():
+                    break  # the end of the first processor's block
+                key, _, value = line.partition(":")
+                info.setdefault(key.strip(), value.strip())
     except OSError:
         pass
-    return frozenset()
+    return info
+
+
+@lru_cache(maxsize=1)  # asked per matrix in every Muon step (kernels.muon)
+def cpu_flags() -> frozenset[str]:
+    return frozenset(cpu_info().get("flags", "").split())
 
 
 def cpu_has_fast_bf16() -> bool:
