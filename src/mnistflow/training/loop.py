@@ -224,14 +224,17 @@ def _fit(cfg: TrainConfig, device: torch.device, info: dist.DistInfo, warned: li
             signum = dist.max_over_ranks(pending.signum)
             if signum and not interrupt.signum:
                 interrupt.signum = signum
+        # Read once: a signal that lands after this line stops the run at the next point, with
+        # its own save (read twice, one landing in between stopped the run here unsaved).
+        signalled = interrupt.signum
         if saver is not None:
-            reason = ("interrupt" if interrupt.signum else
+            reason = ("interrupt" if signalled else
                       "every" if cfg.checkpoint_every and state.step % cfg.checkpoint_every == 0 else
                       "secs" if cfg.checkpoint_secs and saver.seconds_since_save() >= cfg.checkpoint_secs else
                       "best" if saver.is_new_best(state.step) else "")
             if reason and not saver.saved(state.step):
                 saver.save(state.step, reason)
-        if interrupt.signum:
+        if signalled:
             state.stop_reason = "interrupted"
 
     # --- the loop -------------------------------------------------------------------------
