@@ -180,3 +180,27 @@ def test_resume_refuses_a_different_model_or_data_listing_the_differences(mnist_
     proc = run_cli("train", "--resume", "--run-dir", str(run), "--data", str(other), "--max-steps", "10")
     assert_one_line_error(proc, "cannot resume with a different model or data", "data: mnist (")
     assert_one_line_error(run_cli("train", "--resume", str(tmp_path / "nope.pt")), "no such checkpoint")
+
+
+def test_a_signal_landing_while_the_save_is_decided_still_stops_with_a_checkpoint(mnist_records, tmp_path,
+                                                                                   monkeypatch):
+    """The signal arrives inside the save decision of step 7 (no save due there): the run must
+    not stop at 7 unsaved (it did when the flag was read twice), but save and stop at the next
+    point, and that checkpoint is the step the interruption names."""
+    from mnistflow.training import checkpointing
+
+    decided = checkpointing.Saver.is_new_best
+
+    def signal_inside(self, step: int) -> bool:
+        if step == 7:
+            os.kill(os.getpid(), signal.SIGINT)  # the handler runs before this function returns
+        return decided(self, step)
+
+    monkeypatch.setattr(checkpointing.Saver, "is_new_best", signal_inside)
+    run = tmp_path / "run"
+    with pytest.raises(checkpointing.TrainingInterrupted) as stopped:
+        train(model="mlp", data=str(mnist_records), run_dir=str(run), max_steps=40, batch_size=64,
+              checkpoint_every=20, quiet=True, threads=1, tensorboard=False)
+    steps = _assert_no_corrupt_checkpoint(run)
+    assert stopped.value.step == 8 and steps == [8], (stopped.value.step, steps)
+    assert stopped.value.path is not None and stopped.value.path.name == "step-000008.pt"
