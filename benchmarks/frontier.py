@@ -3,7 +3,7 @@ the time mnistflow's cheapest recipe takes to reach it on every seed, beside bas
 measured in the same run. Prints the table and writes it as a PNG plot (matplotlib, optional).
 
     MNISTFLOW_DATA=../shared/data/mnist python benchmarks/frontier.py [--seeds 0 1 2]
-        [--recipes fast seed-cnn mid best] [--cap-s 300] [--png benchmarks/frontier.png]
+        [--recipes fast fast-plus seed-cnn mid best] [--cap-s 300] [--png benchmarks/frontier.png]
 
 Rows:
   mnistflow   each recipe through the public API from prepared records, one run per seed: a
@@ -76,7 +76,7 @@ def main() -> None:
     ap.add_argument("--data", default=os.environ.get("MNISTFLOW_DATA", "../shared/data/mnist"))
     ap.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    ap.add_argument("--recipes", nargs="+", default=["fast", "seed-cnn", "mid", "best"])
+    ap.add_argument("--recipes", nargs="+", default=["fast", "fast-plus", "seed-cnn", "mid", "best"])
     ap.add_argument("--cap-s", type=float, default=300, help="time cap per baseline")
     ap.add_argument("--no-baselines", action="store_true")
     ap.add_argument("--png", type=Path, default=Path(__file__).resolve().parent / "frontier.png")

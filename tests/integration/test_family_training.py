@@ -55,7 +55,7 @@ def members(tmp_path_factory) -> dict[str, Path]:
 
 
 @pytest.mark.parametrize("member", list(MEMBERS))
-@pytest.mark.parametrize("recipe", ["fast", "seed-cnn", "mid", "best"])
+@pytest.mark.parametrize("recipe", ["fast", "fast-plus", "seed-cnn", "mid", "best"])
 def test_every_recipe_runs_on_every_family_member_with_only_the_data(members, tmp_path, recipe, member):
     from mnistflow.artifacts.load import load_any
     from mnistflow.data.records import open_records
@@ -64,8 +64,8 @@ def test_every_recipe_runs_on_every_family_member_with_only_the_data(members, tm
     run = tmp_path / "run"
     s = train(recipe=recipe, data=members[member], run_dir=run, max_steps=2, **QUIET)
     assert s["steps"] == 2 and 0 <= s["test_acc"] <= 1, s
-    # mid and best take the dataset's policy; fast and seed-cnn do not augment (recipes.py)
-    assert load_toml(run / "config.toml")["augment"] == (policy if recipe in ("mid", "best") else "off")
+    # fast-plus, mid and best take the dataset's policy; fast and seed-cnn do not augment (recipes.py)
+    assert load_toml(run / "config.toml")["augment"] == (policy if recipe in ("fast-plus", "mid", "best") else "off")
     _, info = load_any(run)
     assert tuple(info.in_shape) == (channels, size, size) and info.num_classes == classes
     assert list(info.mean) == open_records(members[member]).mean and len(info.mean) == channels

@@ -135,7 +135,7 @@ class TrainConfig:
     resolved is what runs and what config.toml records (``dataclasses.replace`` derives another)."""
 
     recipe: str | None = setting(
-        None, "run", "a preset: softmax, seed-cnn, fast, mid, best (flags override its values)")
+        None, "run", "a preset: softmax, seed-cnn, fast, fast-plus, mid, best (flags override its values)")
     model: str = setting(
         "seed-cnn", "model", "a registered model (see 'mnistflow models') or a layer spec string")
     data: str | None = setting(
