@@ -61,7 +61,7 @@ RECIPES: dict[str, dict] = {
     # validation (train only, seeds 0-3, mean / worst, training wall here): 0.75 epoch + glyphs
     # 99.07 / 99.02% (3.9 s), 1 epoch 99.08 / 99.04% unaugmented, 99.06 / 99.02% with glyphs
     # and no views, 99.12 / 99.06% with both (4.5 s), 1.5 epochs 99.17 / 99.16% (7.7 s), 2
-    # 99.20 / 99.18% (9.9 s); fast itself 98.80 / 98.74% (2.1 s), and test has run 0.23-0.30%
+    # 99.20 / 99.18% (9.9 s); fast itself 98.80 / 98.74% (2.1 s), and test has run 0.21-0.29%
     # above validation for fast and mid. The rule: the cheapest with a validation mean >= 99.10%.
     # Test, seeds 0-2: 99.35 / 99.36 / 99.41% in 6.4-7.0 s (fast: 2.2 s; BENCHMARKS.md).
     "fast-plus": {**_FAST, "epochs": 1, "augment": "auto", "tta": 4, "train_on": "train+val"},
