@@ -2,8 +2,9 @@
 validation split with test-time views, save each model's validation probabilities, and compare
 models and ensembles offline from those files.
 
-    MNISTFLOW_DATA=../shared/data/mnist python benchmarks/val_sweep.py run TAG [--recipe best]
-        [--set model=fast-deep epochs=3 ...] [--factory MODULE:FUNCTION] [--seeds 0 1] [--views 8]
+    MNISTFLOW_DATA=../shared/data/mnist python benchmarks/val_sweep.py [--data DIR] run TAG
+        [--dataset mnist] [--recipe best] [--set model=fast-deep epochs=3 ...]
+        [--factory MODULE:FUNCTION] [--seeds 0 1] [--views 8]
     python benchmarks/val_sweep.py compare TAG [TAG ...]     # (the first TAG is the reference)
     python benchmarks/val_sweep.py time TAG [TAG ...] [--rounds 8]   # training walls, interleaved
 
@@ -12,7 +13,9 @@ prepared records without it), so no test figure is computed, let alone read. It 
 OUT/TAG_SEED.npy (N_val x classes probabilities) and prints each seed's validation accuracy,
 errors and wall time. `--set` values are JSON where they parse as JSON (numbers, true, lists),
 else strings; `--factory` trains a model function of an importable module instead of a name;
-`--glyphs SHIFT DEGREES` changes the glyph augmentation's ranges for the run.
+`--glyphs SHIFT DEGREES` changes the glyph augmentation's ranges for the run; `--dataset` names
+what the raw data holds (its records are prepared once per dataset; `compare` and `time` take
+it from the tag).
 `compare` prints each model's accuracy and errors, how many of the images that every model of
 the first TAG gets wrong it gets wrong too, each TAG's ensemble and the ensemble of all.
 `time` trains each TAG again as its `run` did (its settings are kept in OUT/TAG.json), in one
@@ -68,14 +71,14 @@ def records_without_test(full: Path, view: Path) -> Path:
     return view
 
 
-def sweep_records(data: str) -> Path:
-    """MNIST from ``data`` prepared once under OUT, and its view without the test split."""
+def sweep_records(data: str, dataset: str = "mnist") -> Path:
+    """``dataset`` from ``data`` prepared once under OUT, and its view without the test split."""
     import mnistflow
 
-    full = OUT / "records"
+    full = OUT / ("records" if dataset == "mnist" else f"records-{dataset}")
     if not (full / "meta.json").exists():
-        mnistflow.prepare("mnist", data, full, quiet=True)
-    return records_without_test(full, OUT / "records-no-test")
+        mnistflow.prepare(dataset, data, full, quiet=True)
+    return records_without_test(full, full.with_name(full.name + "-no-test"))
 
 
 def parse_sets(items: list[str]) -> dict:
@@ -122,19 +125,23 @@ def _train(spec: dict, recs: Path, seed: int, run_dir: str) -> dict:
 
 def run(a: argparse.Namespace) -> None:
     import mnistflow
+    from mnistflow.data.augment import mirror_safe
     from mnistflow.data.normalize import normalize
     from mnistflow.data.records import open_records
     from mnistflow.models.evaluate import tta_logits
 
     torch.set_num_threads(a.threads)
-    recs = sweep_records(a.data)
-    vx, vy = open_records(recs).split("val")
+    recs = sweep_records(a.data, a.dataset)
+    rec = open_records(recs)
+    vx, vy = rec.split("val")
     vy = np.asarray(vy)
-    spec = {"recipe": a.recipe, "set": a.set, "factory": a.factory, "glyphs": a.glyphs, "threads": a.threads}
+    mirror = mirror_safe(rec.name)  # the views a run's own test pass takes (training.loop)
+    spec = {"recipe": a.recipe, "set": a.set, "factory": a.factory, "glyphs": a.glyphs, "threads": a.threads,
+            "dataset": a.dataset}
     (OUT / f"{a.tag}.json").write_text(json.dumps(spec))  # what `time` trains again
     what = {**parse_sets(a.set), **({"model": a.factory} if a.factory else {}),
             **({"glyphs": a.glyphs} if a.glyphs else {})}
-    print(f"# {machine()}\n# {a.tag}: recipe {a.recipe}, {what}, train only, {a.views} extra views")
+    print(f"# {machine()}\n# {a.tag}: {a.dataset}, recipe {a.recipe}, {what}, train only, {a.views} extra views")
     for seed in a.seeds:
         path = OUT / f"{a.tag}_{seed}.npy"
         run_dir = tempfile.mkdtemp()
@@ -144,7 +151,7 @@ def run(a: argparse.Namespace) -> None:
         model.eval()
         x = normalize(np.asarray(vx), info.mean, info.std)
         with torch.inference_mode():  # probabilities averaged over the views (tta_logits: their log)
-            p = torch.cat([tta_logits(model, x[i:i + 1000], a.views).exp()
+            p = torch.cat([tta_logits(model, x[i:i + 1000], a.views, mirror).exp()
                            for i in range(0, len(x), 1000)]).numpy()
         np.save(path, p)
         shutil.rmtree(run_dir, ignore_errors=True)
@@ -161,12 +168,12 @@ def time_tags(a: argparse.Namespace) -> None:
         if not f.exists():
             sys.exit(f"no settings saved for {tag} in {OUT} (run it first)")
         specs[tag] = json.loads(f.read_text())
-    recs = sweep_records(a.data)
     walls: dict[str, list[float]] = {tag: [] for tag in a.tags}
     print(f"# {machine()}\n# training walls, train only, {a.rounds} interleaved rounds (seed = round)")
     for rnd in range(a.rounds):
         for tag in (a.tags if rnd % 2 == 0 else a.tags[::-1]):
             run_dir = tempfile.mkdtemp()
+            recs = sweep_records(a.data, specs[tag].get("dataset", "mnist"))
             walls[tag].append(_train(specs[tag], recs, rnd, run_dir)["wall_s"])
             shutil.rmtree(run_dir, ignore_errors=True)
     ref = float(np.median(walls[a.tags[0]]))
@@ -178,7 +185,9 @@ def time_tags(a: argparse.Namespace) -> None:
 def compare(a: argparse.Namespace) -> None:
     from mnistflow.data.records import open_records
 
-    _, vy = open_records(sweep_records(a.data)).split("val")
+    first = OUT / f"{a.tags[0]}.json"  # the dataset the tags were run on
+    dataset = json.loads(first.read_text()).get("dataset", "mnist") if first.exists() else "mnist"
+    _, vy = open_records(sweep_records(a.data, dataset)).split("val")
     vy = np.asarray(vy)
     probs = {tag: [np.load(f) for f in sorted(OUT.glob(f"{tag}_*.npy"))] for tag in a.tags}
     if not probs[a.tags[0]]:
@@ -206,6 +215,7 @@ def main() -> None:
     sub = ap.add_subparsers(dest="verb", required=True)
     r = sub.add_parser("run", help="train on train only and save the validation probabilities")
     r.add_argument("tag")
+    r.add_argument("--dataset", default="mnist", help="the dataset --data holds (default mnist)")
     r.add_argument("--recipe", default="best")
     r.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE")
     r.add_argument("--factory", help="MODULE:FUNCTION returning the model (instead of --set model=)")

@@ -29,6 +29,13 @@ def test_best_takes_the_deeper_net_for_clothing_only(dataset, model):
     assert resolve_config(recipe="best", data=dataset).model == model  # a bare known name as --data
 
 
+@pytest.mark.parametrize("dataset,augment,tta", [("fashion-mnist", "off", 0), ("mnist", "auto", 4)])
+def test_fast_plus_drops_augmentation_and_views_for_clothing_only(dataset, augment, tta):
+    cfg = resolve_config(recipe="fast-plus", dataset=dataset)
+    assert (cfg.augment, cfg.tta) == (augment, tta)
+    assert resolve_config(recipe="fast-plus", dataset=dataset, tta=2).tta == 2  # a flag keeps its own
+
+
 def test_a_flag_or_a_config_file_keeps_its_own_value(tmp_path):
     # the flag equals the recipe's own base value: still the user's choice, not the recipe's
     assert resolve_config(recipe="best", dataset="fashion-mnist", model="fast-wide").model == "fast-wide"
