@@ -61,11 +61,11 @@ def test_umask_is_read_without_changing_it(umask):
     umask(0o027)
     assert fsutil.umask() == 0o027
     assert os.umask(0o027) == 0o027  # still what the process had
-    assert fsutil.file_mode() == 0o640 and fsutil.dir_mode() == 0o750
+    assert fsutil.file_mode() == 0o640
 
 
 def test_a_record_set_folder_follows_the_umask(tmp_path, umask):
-    """mkdtemp makes 0700 folders: the record set is chmod'ed to what mkdir would give."""
+    """The record set's folder has the mode mkdir gives under the umask (not mkdtemp's 0700)."""
     umask(0o022)
     out = records.write_records(raw_dataset(60, 20), tmp_path / "r", key="k", options={},
                                 source_checksums={}, val_size=10)
@@ -74,7 +74,7 @@ def test_a_record_set_folder_follows_the_umask(tmp_path, umask):
 
 
 @pytest.mark.parametrize("step, code", [("replace", errno.EROFS), ("fsync", errno.ENOSPC),
-                                        ("mkstemp", errno.EACCES)])
+                                        ("create", errno.EACCES)])
 def test_a_failed_write_is_one_error_naming_the_file_and_leaves_the_old_one(tmp_path, monkeypatch,
                                                                              step, code):
     """D10: disk full, read-only or no permission is a MnistflowError(path, strerror); the
@@ -82,7 +82,7 @@ def test_a_failed_write_is_one_error_naming_the_file_and_leaves_the_old_one(tmp_
     target = tmp_path / "model.safetensors"
     target.write_bytes(b"old")
     patched = {"replace": (os, "replace"), "fsync": (os, "fsync"),
-               "mkstemp": (fsutil.tempfile, "mkstemp")}[step]
+               "create": (os, "open")}[step]
     monkeypatch.setattr(*patched, oserror(code, str(tmp_path / ".model.safetensors.x.tmp")))
     with pytest.raises(MnistflowError) as ei:
         atomic_write_bytes(target, b"new")
@@ -179,4 +179,37 @@ def test_write_records_out_of_space_is_one_error_and_leaves_nothing(tmp_path, mo
                               val_size=10)
     assert ei.value.path == str(out)
     assert "Not enough free space" in ei.value.detail
+    assert everything(tmp_path) == []
+
+
+def _then_interrupted(make):
+    """``make`` (os.open, os.mkdir), then the KeyboardInterrupt a signal handler raises when
+    the signal lands just after it returns, before the caller has bound its result."""
+    def call(*args, **kwargs):
+        made = make(*args, **kwargs)
+        if isinstance(made, int):
+            os.close(made)
+        raise KeyboardInterrupt
+    return call
+
+
+def test_an_interruption_just_after_the_temporary_file_is_created_leaves_nothing(tmp_path, monkeypatch):
+    target = tmp_path / "model.safetensors"
+    target.write_bytes(b"old")
+    monkeypatch.setattr(os, "open", _then_interrupted(os.open))
+    with pytest.raises(KeyboardInterrupt):
+        atomic_write_bytes(target, b"new")
+    monkeypatch.undo()
+    assert everything(tmp_path) == ["model.safetensors"] and target.read_bytes() == b"old"
+
+
+def test_an_interruption_just_after_the_temporary_record_folder_is_made_leaves_nothing(tmp_path,
+                                                                                       monkeypatch):
+    """CI caught a SIGTERM here leaving ``.recs.tmp-*`` behind (mkdtemp had made the folder, its
+    name not yet returned); prep must leave nothing the next run has to sweep."""
+    monkeypatch.setattr(os, "mkdir", _then_interrupted(os.mkdir))
+    with pytest.raises(KeyboardInterrupt):
+        records.write_records(raw_dataset(60, 20), tmp_path / "r", key="k", options={},
+                              source_checksums={}, val_size=10)
+    monkeypatch.undo()
     assert everything(tmp_path) == []

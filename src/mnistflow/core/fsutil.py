@@ -4,7 +4,7 @@ fsync the directory), and their checksums.
 A failed write (disk full, a read-only file system, no permission, a path of the wrong
 kind) is a ``MnistflowError`` naming the file, one line for the user; it leaves neither
 a temporary file nor the empty folders it created. New files get the mode a plain
-``open()`` would give them (0644 under the usual umask 022), not ``mkstemp``'s 0600.
+``open()`` would give them (0644 under the usual umask 022), not a temporary file's 0600.
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import functools
 import hashlib
 import os
 import re
-import tempfile
+import secrets
 from collections.abc import Callable
 from pathlib import Path
 
@@ -47,11 +47,6 @@ def umask() -> int:
 def file_mode() -> int:
     """The mode a new file gets from ``open()``: 0666 less the umask."""
     return 0o666 & ~umask()
-
-
-def dir_mode() -> int:
-    """The mode a new directory gets from ``mkdir``: 0777 less the umask."""
-    return 0o777 & ~umask()
 
 
 def make_dirs(folder: str | Path) -> list[Path]:
@@ -90,7 +85,10 @@ def atomic_write(path: str | Path, write: Callable[[object], None]) -> None:
     created = make_dirs(path.parent)
     tmp = None
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        # Named before it exists: an interruption (Ctrl-C, SIGTERM) landing just after the file
+        # is created still finds it bound for the cleanup below (mkstemp's return would be lost).
+        tmp = path.parent / f".{path.name}.{secrets.token_hex(8)}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o600)
         with os.fdopen(fd, "wb") as f:
             os.fchmod(f.fileno(), file_mode())
             write(f)

@@ -30,9 +30,9 @@ import json
 import os
 import re
 import shutil
+import secrets
 import signal
 import socket
-import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -42,7 +42,7 @@ from typing import Iterator
 import numpy as np
 
 from mnistflow.core.errors import MnistflowError, fail, os_error
-from mnistflow.core.fsutil import dir_mode, make_dirs, remove_empty, sha256_file
+from mnistflow.core.fsutil import make_dirs, remove_empty, sha256_file
 from mnistflow.data.record_check import (  # noqa: F401 -- the checks, re-exported
     _REPREP,
     FORMAT_VERSION,
@@ -210,8 +210,10 @@ def write_records(raw: RawDataset, out: Path, *, key: str, options: dict,
         tmp = None
         try:
             sweep_stale(out)
-            tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-{_owner()}-", dir=out.parent))
-            os.chmod(tmp, dir_mode())  # mkdtemp's 0700 -> what mkdir would give
+            # Named before it exists: a SIGTERM landing just after the mkdir still finds it bound
+            # for the cleanup below (mkdtemp's return value would be lost, the folder left).
+            tmp = out.parent / f".{out.name}.tmp-{_owner()}-{secrets.token_hex(4)}"
+            os.mkdir(tmp)  # the mode mkdir gives: 0777 less the umask
             _write(raw, out, tmp, tr_idx, va_idx, key=key, options=options,
                    source_checksums=source_checksums, val_size=val_size, seed=seed,
                    variants=variants, force=force)
