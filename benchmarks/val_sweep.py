@@ -168,13 +168,13 @@ def time_tags(a: argparse.Namespace) -> None:
         if not f.exists():
             sys.exit(f"no settings saved for {tag} in {OUT} (run it first)")
         specs[tag] = json.loads(f.read_text())
+    recs = {tag: sweep_records(a.data, spec.get("dataset", "mnist")) for tag, spec in specs.items()}
     walls: dict[str, list[float]] = {tag: [] for tag in a.tags}
     print(f"# {machine()}\n# training walls, train only, {a.rounds} interleaved rounds (seed = round)")
     for rnd in range(a.rounds):
         for tag in (a.tags if rnd % 2 == 0 else a.tags[::-1]):
             run_dir = tempfile.mkdtemp()
-            recs = sweep_records(a.data, specs[tag].get("dataset", "mnist"))
-            walls[tag].append(_train(specs[tag], recs, rnd, run_dir)["wall_s"])
+            walls[tag].append(_train(specs[tag], recs[tag], rnd, run_dir)["wall_s"])
             shutil.rmtree(run_dir, ignore_errors=True)
     ref = float(np.median(walls[a.tags[0]]))
     print("| tag | median training wall s | ratio | each round |\n|---|---|---|---|")

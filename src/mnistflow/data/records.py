@@ -29,8 +29,8 @@ import contextlib
 import json
 import os
 import re
-import shutil
 import secrets
+import shutil
 import signal
 import socket
 import threading
