@@ -5,7 +5,8 @@ import os
 import platform
 
 
-def machine() -> str:
+def machine(device: str = "cpu") -> str:
+    """The CPU (or, for a CUDA device, the GPU first), Python, torch and threads, in one line."""
     import torch
 
     try:
@@ -18,7 +19,10 @@ def machine() -> str:
     if info.get("cpu family"):  # the model name alone ("AMD EPYC" in a VM) does not tell the generation
         cpu += f" (family {info['cpu family']} model {info.get('model', '?')})"
     flags = " ".join(x for x in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if x in f)
-    return (f"{cpu} [{flags}], {len(os.sched_getaffinity(0))} cores, Python {platform.python_version()},"
+    gpu = ""
+    if device.startswith("cuda") and torch.cuda.is_available():
+        gpu = f"{torch.cuda.get_device_name(torch.device(device))} (CUDA {torch.version.cuda}), host "
+    return (f"{gpu}{cpu} [{flags}], {len(os.sched_getaffinity(0))} cores, Python {platform.python_version()},"
             f" torch {torch.__version__}, threads {torch.get_num_threads()}")
 
 

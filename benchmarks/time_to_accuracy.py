@@ -53,37 +53,41 @@ class ExampleNet(nn.Module):
         return F.log_softmax(self.fc2(x), dim=1)
 
 
-def _test(model, loader) -> float:
+def _test(model, loader, device: torch.device | str = "cpu") -> float:
     model.eval()
     correct = n = 0
     with torch.no_grad():
         for x, y in loader:
+            x, y = x.to(device), y.to(device)
             correct += (model(x).argmax(1) == y).sum().item()
             n += len(y)
     model.train()
     return correct / n
 
 
-def baseline_a(rec, cap_epochs: int, cap_s: float, seed: int = 1, target: float = TARGET) -> dict:
-    """A until ``target`` or the cap; ``accs``/``times``: test accuracy and wall time after each epoch."""
+def baseline_a(rec, cap_epochs: int, cap_s: float, seed: int = 1, target: float = TARGET,
+               device: torch.device | str = "cpu") -> dict:
+    """A until ``target`` or the cap; ``accs``/``times``: test accuracy and wall time after each epoch.
+    On a GPU, as the example runs there: the model on the device, each batch copied to it."""
     torch.manual_seed(seed)
     x, y = rec.split("train")
     tx, ty = rec.split("test")
     train = torch.utils.data.DataLoader(PerSampleMNIST(x, y), batch_size=64, shuffle=True)
     test = torch.utils.data.DataLoader(PerSampleMNIST(tx, ty), batch_size=1000)
-    model = ExampleNet()
+    model = ExampleNet().to(device)
     opt = torch.optim.Adadelta(model.parameters(), lr=1.0)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.7)
     t0, accs, epoch_s, times = time.perf_counter(), [], [], []
     for epoch in range(cap_epochs):
         te = time.perf_counter()
         for xb, yb in train:
+            xb, yb = xb.to(device), yb.to(device)
             opt.zero_grad()
             F.nll_loss(model(xb), yb).backward()
             opt.step()
         sched.step()
         epoch_s.append(time.perf_counter() - te)
-        accs.append(_test(model, test))
+        accs.append(_test(model, test, device))
         times.append(time.perf_counter() - t0)
         if accs[-1] >= target or time.perf_counter() - t0 > cap_s:
             break
@@ -92,11 +96,13 @@ def baseline_a(rec, cap_epochs: int, cap_s: float, seed: int = 1, target: float 
             "img_per_s": len(accs) * len(y) / sum(epoch_s), "epoch_s": statistics.mean(epoch_s)}
 
 
-def baseline_b(rec, cap_s: float, seed: int = 0, target: float | None = TARGET) -> dict:
+def baseline_b(rec, cap_s: float, seed: int = 0, target: float | None = TARGET,
+               device: torch.device | str = "cpu") -> dict:
     """B: the tutorial's CNN trained as the tutorial does (Adam 1e-4, batch 50, fp32), inputs
     normalized by the records' own mean/std, tested after every epoch until ``target`` (None:
     never stops early) or until ``cap_s`` seconds have passed (then mid-epoch, and tested
-    there). ``accs``/``times``: test accuracy and wall time at each test."""
+    there). ``accs``/``times``: test accuracy and wall time at each test. On a GPU the tensors
+    live on the device (as the tutorial's feed would be at best)."""
     from mnistflow.data.normalize import normalize
     from mnistflow.models import create_model
 
@@ -104,16 +110,17 @@ def baseline_b(rec, cap_s: float, seed: int = 0, target: float | None = TARGET) 
 
     def tensors(split: str) -> tuple[torch.Tensor, torch.Tensor]:
         x, y = rec.split(split)  # (N, H, W, C) uint8: the records' own size and channels
-        return normalize(torch.from_numpy(x.copy()), rec.mean, rec.std), torch.from_numpy(y.astype("int64"))
+        return (normalize(torch.from_numpy(x.copy()), rec.mean, rec.std).to(device),
+                torch.from_numpy(y.astype("int64")).to(device))
 
     X, Y = tensors("train")
     TX, TY = tensors("test")
-    model = create_model("seed-cnn", tuple(X.shape[1:]), rec.num_classes)
+    model = create_model("seed-cnn", tuple(X.shape[1:]), rec.num_classes).to(device)
     opt = torch.optim.Adam(model.parameters(), 1e-4)
     test = [(TX[i:i + 1000], TY[i:i + 1000]) for i in range(0, len(TY), 1000)]
     t0, accs, times, n, train_s = time.perf_counter(), [], [], 0, 0.0
     while True:
-        perm = torch.randperm(len(Y))
+        perm = torch.randperm(len(Y), device=device)
         ts = time.perf_counter()
         for i in range(0, len(Y) - 49, 50):
             idx = perm[i:i + 50]
@@ -125,7 +132,7 @@ def baseline_b(rec, cap_s: float, seed: int = 0, target: float | None = TARGET) 
             if time.perf_counter() - t0 >= cap_s:
                 break
         train_s += time.perf_counter() - ts
-        accs.append(_test(model, test))
+        accs.append(_test(model, test, device))
         times.append(time.perf_counter() - t0)
         if (target is not None and accs[-1] >= target) or times[-1] >= cap_s:
             break

@@ -55,7 +55,7 @@ def custom_run(mnist_records, tmp_path_factory):
     cb = BestSoFar()
     s = mnistflow.train(TinyNet, mnist_records, model_kwargs={"width": 8}, callbacks=[cb], run_dir=run,
                         max_steps=120, eval_every=60, batch_size=128, lr=3e-3, quiet=True, threads=1,
-                        tensorboard=False, keep_checkpoints=0)
+                        tensorboard=False, keep_checkpoints=0, device="cpu")  # eval below: --device cpu
     return run, s, cb.seen
 
 
@@ -71,7 +71,7 @@ def test_custom_model_trains_with_a_callback(custom_run):
 
 def test_eval_predict_export_report_from_the_cli(custom_run, tmp_path):
     run, s, _ = custom_run
-    proc = run_cli("eval", str(run), "--json", env=TESTS_ON_PATH)
+    proc = run_cli("eval", str(run), "--json", "--device", "cpu", env=TESTS_ON_PATH)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["acc"] == pytest.approx(s["test_acc"], abs=1e-9)
 

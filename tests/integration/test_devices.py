@@ -117,7 +117,8 @@ def test_a_busy_neighbour_is_detected_and_spinning_threads_are_shed(mnist_record
         time.sleep(0.5)
         assert busy_cores_elsewhere() >= 0.7
         env = {"MNISTFLOW_THREADS": None, "LOCAL_WORLD_SIZE": None, "GOMP_SPINCOUNT": None}
-        args = ("train", "--recipe", "softmax", "--data", str(mnist_records), "--json", "--no-tensorboard")
+        args = ("train", "--recipe", "softmax", "--data", str(mnist_records), "--json", "--no-tensorboard",
+                "--device", "cpu")  # threads are a CPU run's question (a GPU run takes 2)
         spin = run_cli(*args, "--run-dir", str(tmp_path / "r"), "--max-steps", "20",
                        env={**env, "OMP_WAIT_POLICY": "ACTIVE"})
         assert spin.returncode == 0, spin.stderr
@@ -189,3 +190,95 @@ def test_training_processes_flush_denormals_unless_told_to_keep(env, flushed):
     on, nonzero, product_bits = json.loads(out)
     assert on is flushed
     assert (nonzero, product_bits == 0) == ((0, True) if flushed else (4_000_000, False))
+
+
+@gpu
+@pytest.mark.parametrize("precision", ["auto", "fp16"])
+def test_the_fast_recipe_on_a_gpu_reaches_99_percent_in_its_precision(mnist_records, tmp_path, precision):
+    # The whole fast recipe on CUDA: resident data, whitened first layer, Muon (the PyTorch path:
+    # the native kernels are CPU-only), one-cycle schedule; fp16 adds the gradient scaler.
+    s = train(recipe="fast", device="cuda", precision=precision, data=str(mnist_records),
+              run_dir=str(tmp_path / "r"), quiet=True, tensorboard=False, seed=0)
+    assert s["device"].startswith("cuda") and s["precision"] == ("bf16" if precision == "auto" else "fp16")
+    assert s["test_acc"] >= 0.985 and s["warnings"] == [] and s["kernels"]["ops"] == []
+    assert s["cuda_graph"] is (precision == "auto")  # fp16's gradient scaler keeps the step eager
+
+
+@gpu
+def test_a_gpu_run_resumes_exactly(mnist_records, tmp_path):
+    # The checkpoint holds the CUDA generator's state too: resuming must continue the same run.
+    common = dict(model="mlp", data=str(mnist_records), batch_size=64, augment=True, quiet=True, device="cuda",
+                  precision="fp32", tensorboard=False, checkpoint_every=20)
+    train(run_dir=str(tmp_path / "a"), epochs=0.05, **common)
+    s = train(run_dir=str(tmp_path / "a"), resume=True, epochs=0.1, quiet=True)
+    assert s["steps"] == 86 and s["resumed_from"].endswith("step-000043.pt")
+    train(run_dir=str(tmp_path / "b"), epochs=0.1, **common)
+    from safetensors.torch import load_file
+
+    a, b = (load_file(str(tmp_path / r / "model.safetensors")) for r in "ab")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+@gpu
+def test_profiling_a_gpu_run_records_cuda_kernels_and_batch_size_auto_measures_the_gpu(mnist_records, tmp_path):
+    run = tmp_path / "p"
+    proc = run_cli("profile", "--model", "seed-cnn", "--data", str(mnist_records), "--run-dir", str(run),
+                   "--profile-steps", "2:6", "--device", "cuda", "--batch-size", "32")
+    assert proc.returncode == 0, proc.stderr
+    events = json.loads((run / "profile" / "trace.json").read_text())["traceEvents"]
+    assert any(e.get("cat") == "kernel" for e in events)  # GPU kernels, not only CPU-side ops
+    assert "ops by self time" in proc.stdout and "step breakdown" in proc.stdout
+    proc = run_cli("train", "--data", str(mnist_records), "--model", "fast", "--batch-size", "auto",
+                   "--max-steps", "5", "--device", "cuda", "--run-dir", str(tmp_path / "auto"), "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert any(ln.startswith("batch size auto:") for ln in proc.stdout.splitlines())
+    assert json.loads(proc.stdout.strip().splitlines()[-1])["device"].startswith("cuda")
+
+
+@gpu
+def test_a_model_trained_on_a_gpu_loads_and_predicts_on_the_cpu(mnist_records, tmp_path):
+    from mnistflow.artifacts.load import load_any
+    from mnistflow.artifacts.predictor import predict_arrays
+    from mnistflow.data.records import open_records
+
+    s = train(recipe="fast", device="cuda", data=str(mnist_records), run_dir=str(tmp_path / "r"), quiet=True,
+              tensorboard=False, seed=0)
+    model, info = load_any(tmp_path / "r" / "model.safetensors")  # the CPU by default
+    x, y = open_records(mnist_records).split("test")
+    acc = float((predict_arrays(model, info, x).argmax(1) == y).mean())
+    assert next(model.parameters()).device.type == "cpu"
+    assert abs(acc - s["test_acc"]) < 0.003, (acc, s["test_acc"])  # fp32 on the CPU vs bf16 on the GPU
+
+
+@gpu
+def test_the_graphed_step_trains_as_the_eager_one(mnist_records, tmp_path):
+    # fp32 and deterministic cuDNN (two eager runs agree bitwise). The graph is captured at the
+    # 4th step; by the 5th the weights agree to ~5e-5 (the tensor learning rate multiplies,
+    # then adds: one more rounding than the eager add with alpha; training amplifies it, to
+    # 1e-3 by step 8 and ~1 by step 65). A rate baked in at capture (the one-cycle rate halves
+    # from step 4 to 5 of 5) or a stale input buffer would put the 5th step ~1e-2 apart.
+    from safetensors.torch import load_file
+
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
+    try:
+        common = dict(recipe="fast", device="cuda", precision="fp32", data=str(mnist_records), quiet=True,
+                      tensorboard=False, seed=0)
+        runs = {(graphs, k): train(run_dir=str(tmp_path / f"{graphs}{k}"), cuda_graphs=graphs, max_steps=k,
+                                   **common) for graphs in ("auto", "off") for k in (5, None)}
+    finally:
+        torch.backends.cudnn.deterministic = False
+    assert [runs[g, k]["cuda_graph"] for g in ("auto", "off") for k in (5, None)] == [True, True, False, False]
+    a, b = (load_file(str(tmp_path / f"{g}5" / "model.safetensors")) for g in ("auto", "off"))
+    worst = max((a[k].float() - b[k].float()).abs().max().item() for k in a)
+    assert worst < 1e-3, worst
+    g, e = runs["auto", None], runs["off", None]
+    assert g["steps"] == e["steps"] == 65 and abs(g["test_acc"] - e["test_acc"]) <= 0.003
+    assert g["test_acc"] >= 0.985
+
+
+@gpu
+def test_a_graphed_run_steps_a_short_last_batch_eagerly(mnist_records, tmp_path):
+    # 55,000 / 384 leaves a batch of 88: another shape than the captured one
+    s = train(recipe="fast", device="cuda", drop_last=False, epochs=1, data=str(mnist_records), quiet=True,
+              tensorboard=False, run_dir=str(tmp_path / "r"))
+    assert s["cuda_graph"] and s["steps"] == 144 and s["test_acc"] >= 0.985 and s["warnings"] == []

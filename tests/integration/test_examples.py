@@ -63,7 +63,9 @@ def test_custom_model_example_then_eval_and_serve_from_the_cli(mnist_dir, tmp_pa
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(EXAMPLES), os.environ.get("PYTHONPATH")])))
     ev = run_cli("eval", str(run), "--json", cwd=tmp_path)
     assert ev.returncode == 0, ev.stderr
-    assert 100 * json.loads(ev.stdout)["acc"] == pytest.approx(acc, abs=0.006)
+    # the same figure; on a GPU the run's own test pass was in bf16, eval's may not be: 5 images
+    gpu = json.loads((run / "summary.json").read_text())["device"].startswith("cuda")
+    assert 100 * json.loads(ev.stdout)["acc"] == pytest.approx(acc, abs=0.05 if gpu else 0.006)
     server, first = start_serve(run)
     try:
         url = re.search(r"http://\S+", first)

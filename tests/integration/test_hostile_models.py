@@ -75,8 +75,9 @@ def test_summary_of_a_huge_spec_is_one_line_in_small_memory():
     """``mnistflow summary`` of a spec needing 3 TB, and of seed-cnn on a 4096x4096 input
     (275 GB): one line each, in the memory of an ordinary summary (``summary fc100000000`` was a
     traceback after trying to allocate 313 GB; the preflight's case took 6.4 GB RSS)."""
+    ordinary = run_measured("summary", "fast")[1]  # PyTorch's own share: more in a CUDA build
     for args, fragment in ((["fc1000000000,fc10"], "needs 795,000,000,010 parameters"),
                            (["seed-cnn", "--input", "4096x4096"], "model 'seed-cnn' for a 1x4096x4096 input")):
         proc, rss_kb = run_measured("summary", *args)
         assert_one_line_error(proc, fragment)
-        assert rss_kb < 600 * 1024, (args, rss_kb)
+        assert rss_kb < ordinary + 200 * 1024, (args, rss_kb, ordinary)

@@ -119,7 +119,7 @@ def test_profile_writes_a_chrome_trace_with_the_models_ops(mnist_records, tmp_pa
 def test_batch_size_auto_picks_the_fastest_on_cpu_and_says_why(mnist_records, tmp_path):
     run = tmp_path / "auto"
     proc = run_cli("train", "--data", str(mnist_records), "--model", "fast", "--batch-size", "auto",
-                   "--max-steps", "5", "--threads", "1", "--run-dir", str(run), "--json")
+                   "--max-steps", "5", "--threads", "1", "--run-dir", str(run), "--json", "--device", "cpu")
     assert proc.returncode == 0, proc.stderr
     line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("batch size auto:"))
     rates = {int(b): float(r.replace(",", "")) for b, r in

@@ -106,3 +106,30 @@ def test_one_step_by_hand():
             g = grads[k] + 0.01 * p0
             b = 0.9 * bufs[k] + g
             assert torch.allclose(p, p0 - 0.5 * (g + 0.9 * b), atol=1e-6)
+
+
+def test_a_learning_rate_given_as_a_device_tensor_steps_as_the_float_does():
+    # A CUDA graph replays the step with the rate in a 0-d tensor (engine.GraphedStep); the
+    # tensor itself must not change (``lr *= scale`` on it would compound every step).
+    def run(lr_of):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.Flatten(), torch.nn.Linear(8 * 16, 5))
+        opt = Muon(model.parameters(), 0.5, muon_lr=0.2, nesterov=True, weight_decay=0.01)
+        for step in range(3):
+            opt.zero_grad()
+            model(torch.randn(4, 3, 6, 6)).square().mean().backward()
+            for g in opt.param_groups:
+                g["lr"] = lr_of(step)
+            opt.step()
+        return [p.detach() for p in model.parameters()]
+
+    rate = torch.tensor(0.0)
+
+    def tensor_lr(step):
+        rate.fill_(0.05 / (step + 1))
+        return rate
+
+    floats, tensors = run(lambda step: 0.05 / (step + 1)), run(tensor_lr)
+    assert rate.item() == pytest.approx(0.05 / 3)  # untouched by the step
+    assert all(torch.allclose(a, b, rtol=0, atol=1e-6) for a, b in zip(floats, tensors))
+    assert not torch.equal(floats[0], run(lambda step: 0.05)[0])  # the rate does matter

@@ -17,7 +17,8 @@ from mnistflow.training.loop import resolve_config, train
 
 SPEC = "conv3x3x4-relu,maxpool4,fc10"
 # 600 training images / batch 50: 12 steps per epoch
-QUICK = {"model": SPEC, "quiet": True, "threads": 1, "tensorboard": False, "batch_size": 50, "log_every": 2}
+QUICK = {"model": SPEC, "quiet": True, "threads": 1, "tensorboard": False, "batch_size": 50, "log_every": 2,
+         "device": "cpu"}  # the unit tier runs on the CPU on any machine (threads are a CPU question)
 
 
 @pytest.fixture(autouse=True)

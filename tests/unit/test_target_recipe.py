@@ -17,6 +17,21 @@ TABLE = {"mnist": {"fast": (0.9893, 0.9910, 0.9918, 1.0), "fast-plus": (0.9930, 
 @pytest.fixture(autouse=True)
 def _table(monkeypatch):
     monkeypatch.setattr(recipes, "MEASURED", TABLE)
+    monkeypatch.setattr(recipes, "MEASURED_GPU", {})  # on a GPU machine too: TABLE
+
+
+def test_a_run_on_a_gpu_picks_by_the_gpus_figures(monkeypatch, caplog):
+    # The GPU's own seeds and numerics: there mid's worst seed reached 99.55%, on the CPU 99.50%.
+    monkeypatch.setattr(recipes, "MEASURED_GPU", {"mnist": {"fast": (0.9903, 0.9903, 0.9905, 0.1),
+                                                            "mid": (0.9956, 0.9960, 0.9961, 1.0),
+                                                            "best": (0.9961, 0.9961, 0.9962, 2.6)}})
+    assert resolve_config(target_acc=0.9955, dataset="mnist", device="cuda").recipe == "mid"
+    assert f"1 s on {recipes.MEASURED_GPU_ON}" in caplog.text
+    assert resolve_config(target_acc=0.9955, dataset="mnist", device="cpu").recipe == "best"
+    # a dataset the GPU has no figures for: the CPU's
+    assert resolve_config(target_acc=0.9955, dataset="mnist", device="cuda:0").recipe == "mid"
+    monkeypatch.setattr(recipes, "MEASURED_GPU", {"fashion-mnist": {}})
+    assert resolve_config(target_acc=0.9955, dataset="mnist", device="cuda").recipe == "best"
 
 
 @pytest.mark.parametrize("target,recipe,split", [(0.98, "fast", "test"), (0.9893, "fast", "test"),

@@ -22,7 +22,8 @@ from mnistflow.training.loop import fit, resolve_config, train
 
 SPEC = "conv3x3x4-relu,maxpool4,fc10"
 # 600 training images / batch 50: 12 steps per epoch
-QUICK = dict(model=SPEC, quiet=True, threads=1, tensorboard=False, batch_size=50, log_every=2)
+QUICK = dict(model=SPEC, quiet=True, threads=1, tensorboard=False, batch_size=50, log_every=2,
+             device="cpu")  # the unit tier runs on the CPU on any machine
 
 
 @pytest.fixture(autouse=True)

@@ -45,6 +45,8 @@ def pick_device(name: str = "auto") -> torch.device:
         if dev.index is not None and dev.index >= torch.cuda.device_count():
             raise MnistflowError(f"--device {name}: only {torch.cuda.device_count()} GPU(s) visible "
                                  "(numbered from 0 among CUDA_VISIBLE_DEVICES)")
+        if dev.index is None:  # "cuda": the current GPU, by number (some CUDA calls refuse no number)
+            dev = torch.device("cuda", torch.cuda.current_device())
     if dev.type == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
         raise MnistflowError("--device mps: MPS is not available on this machine")
     return dev
@@ -76,8 +78,10 @@ class Amp:
         scaler = torch.amp.GradScaler("cuda") if precision == "fp16" and device.type == "cuda" else None
         return cls(precision, device.type, scaler)
 
-    def autocast(self):
+    def autocast(self, cache: bool = True):
+        """The autocast context; ``cache=False`` under CUDA graph capture (the weights' cached
+        casts would outlive the captured step)."""
         if self.precision == "fp32":
             return contextlib.nullcontext()
         dtype = torch.bfloat16 if self.precision == "bf16" else torch.float16
-        return torch.autocast(self.device_type, dtype=dtype)
+        return torch.autocast(self.device_type, dtype=dtype, cache_enabled=cache)

@@ -30,6 +30,7 @@ import torch
 import torch.distributed as tdist
 
 from mnistflow.core.errors import MnistflowError
+from mnistflow.core.log import note
 
 TIMEOUT_ENV = "MNISTFLOW_DIST_TIMEOUT"
 DEFAULT_TIMEOUT_S = 60.0
@@ -135,6 +136,24 @@ def _join(backend: str, info: DistInfo, timeout: datetime.timedelta) -> None:
     attempt = store.add(f"mnistflow/joins/rank{info.rank}", 1)
     tdist.init_process_group(backend, store=tdist.PrefixStore(f"mnistflow/attempt{attempt}/", store),
                              rank=info.rank, world_size=info.world_size, timeout=timeout)
+
+
+def gpus_for_processes(env: DistInfo, device: torch.device, asked: str) -> torch.device:
+    """One GPU per process (NCCL cannot put two ranks on one GPU): with more processes on
+    this machine than GPUs visible, ``--device auto`` trains on the CPUs (gloo) instead, and
+    an explicit ``cuda`` is a one-line error. Every rank decides alike (same environment)."""
+    if device.type != "cuda" or not env.enabled:
+        return device
+    gpus = torch.cuda.device_count()
+    if env.local_world_size <= gpus:
+        return device
+    if asked == "auto":
+        if env.local_rank == 0:
+            note(f"{env.local_world_size} processes on this machine and {gpus} GPU(s) (one each is needed): "
+                 "training on the CPUs")
+        return torch.device("cpu")
+    raise MnistflowError(f"--device {asked}: {env.local_world_size} processes on this machine need a GPU each; "
+                         f"{gpus} visible (use --nproc {gpus}, or --device cpu)")
 
 
 def device_for(info: DistInfo, requested: torch.device) -> torch.device:

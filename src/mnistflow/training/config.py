@@ -220,6 +220,11 @@ class TrainConfig:
     sync_bn: bool = setting(
         False, "precision/devices", "under torchrun on GPUs: batch norm statistics over the global batch")
     compile: bool = setting(False, "precision/devices", "compile the model with torch.compile")
+    cuda_graphs: str = setting(
+        "off", "precision/devices", "auto: on a CUDA GPU, replay the whole training step (forward, "
+        "backward, Muon) as one CUDA graph after 3 eager steps, where the run allows it (one "
+        "process, --optimizer muon, not fp16 or --compile); off: launch every kernel each step",
+        choices=("auto", "off"))
     log_every: int = setting(100, "logging", "steps between progress lines (and device syncs)", at_least=1)
     eval_every: int | None = setting(
         None, "logging", "steps between validation passes (default: every epoch)", at_least=1)

@@ -58,8 +58,10 @@ from mnistflow.training.checkpointing import (
 )
 from mnistflow.training.config import TrainConfig
 from mnistflow.training.engine import (
+    GraphedStep,
     LogWindow,
     TrainState,
+    graph_blocker,
     nonfinite,
     profiled,
     train_step,
@@ -106,8 +108,8 @@ def fit(cfg: TrainConfig, *, model: torch.nn.Module | None = None, model_factory
     # a ready module's name is a label (its import path), not a registered model or a spec
     configmod.validate(cfg, check_model=model is None)
     set_interop_threads(cfg.interop_threads)  # first: PyTorch fixes this pool at its first use
-    device = pick_device(cfg.device)
     env = dist.env_info()
+    device = dist.gpus_for_processes(env, pick_device(cfg.device), cfg.device)
     if cfg.sync_bn and env.enabled and device.type != "cuda":
         raise MnistflowError("--sync-bn needs CUDA GPUs (PyTorch's SyncBatchNorm has no CPU kernel); "
                              "leave it out on CPUs")
@@ -240,6 +242,14 @@ def _fit(cfg: TrainConfig, device: torch.device, info: dist.DistInfo, warned: li
     # --- the loop -------------------------------------------------------------------------
     window = LogWindow(run.device, run.train_loader)
     check_each_step = run.device.type == "cpu"  # a CPU scalar read is no device sync
+    step_fn = train_step
+    if cfg.cuda_graphs == "auto":
+        blocker = graph_blocker(run.device, info.world_size, cfg.optimizer, run.precision, cfg.compile,
+                                obs.profiler is not None)
+        if blocker is None:
+            step_fn = GraphedStep()
+        elif run.device.type == "cuda":
+            log.note(f"--cuda-graphs auto: stepping eagerly ({blocker})")
     world = info.world_size
     signals = SignalHandlers(pending, quiet=not primary) if catch_signals else contextlib.nullcontext()
     with signals, guard:
@@ -255,7 +265,7 @@ def _fit(cfg: TrainConfig, device: torch.device, info: dist.DistInfo, warned: li
                     break
                 xb, yb = batch
                 lr = lr_at(state.step)
-                loss, logits = train_step(run.model, run.optimizer, run.amp, xb, yb, lr,
+                loss, logits = step_fn(run.model, run.optimizer, run.amp, xb, yb, lr,
                                           label_smoothing=cfg.label_smoothing, loss_fn=loss_fn)
                 if check_each_step and not math.isfinite(loss.item()):
                     raise nonfinite(state, lr, run.precision)
@@ -321,6 +331,7 @@ def _fit(cfg: TrainConfig, device: torch.device, info: dist.DistInfo, warned: li
                        checkpoint_path=saver.last_path if saver is not None else None)
     summary["warnings"] = warned  # the list itself: a warning of the steps below is in it too
     summary["kernels"] = kernels.used()
+    summary["cuda_graph"] = isinstance(step_fn, GraphedStep) and step_fn.graph is not None  # replayed
     call(hooks, "on_train_end", summary)
     if primary:
         save_model(run.dir.model, run.raw_model, _model_info(run, state))

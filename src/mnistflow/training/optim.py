@@ -14,6 +14,7 @@ SCHEDULES = ("constant", "step", "cosine", "onecycle", "linear")
 
 
 _FUSED = {"sgd", "momentum", "adagrad", "adam", "adamw"}  # fused kernels on CPU and CUDA
+_FUSED_CPU_ONLY = {"adagrad"}  # fused=True on CUDA raises (PyTorch 2.4-2.13): foreach there
 
 
 def net_parameters(model: torch.nn.Module) -> list[list[torch.nn.Parameter]]:
@@ -43,7 +44,7 @@ def build_optimizer(name: str, params, lr: float, *, momentum: float = 0.9, nest
     nets = _nets(params)
     params = [p for net in nets for p in net]
     wd = weight_decay
-    kw = {"fused": True} if fused and name in _FUSED and _fusable(params) else {}
+    kw = {"fused": True} if fused and name in _FUSED and _fusable(params, cpu_only=name in _FUSED_CPU_ONLY) else {}
     if name == "sgd":
         return torch.optim.SGD(params, lr, weight_decay=wd, **kw)
     if name == "momentum":
@@ -121,11 +122,14 @@ class Muon(torch.optim.Optimizer):
             torch._foreach_mul_(bufs, mom)
             torch._foreach_add_(bufs, grads)
             updates = torch._foreach_add(grads, bufs, alpha=mom) if group["nesterov"] else bufs
-            lr = group["lr"]
+            lr = group["lr"]  # a float, or a 0-d device tensor (a CUDA graph replays with new values)
             if muon:
-                lr *= group["muon_scale"]
+                lr = lr * group["muon_scale"]  # not *=: that would scale a tensor lr in place
                 updates = _orthogonal_updates(updates, group["ns_steps"], self.bf16_products)
-            torch._foreach_add_(ps, updates, alpha=-lr)
+            if isinstance(lr, torch.Tensor):
+                torch._foreach_add_(ps, torch._foreach_mul(updates, -lr))
+            else:
+                torch._foreach_add_(ps, updates, alpha=-lr)
 
 
 def _orthogonal_updates(us: list[torch.Tensor], steps: int, bf16_products: bool) -> list[torch.Tensor]:
@@ -154,8 +158,9 @@ def _amx_muon() -> bool:
     return amx_available()
 
 
-def _fusable(params) -> bool:
-    return bool(params) and all(p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in params)
+def _fusable(params, cpu_only: bool = False) -> bool:
+    devices = ("cpu",) if cpu_only else ("cpu", "cuda")
+    return bool(params) and all(p.is_floating_point() and p.device.type in devices for p in params)
 
 
 def lr_factor(step: int, total: int, schedule: str, *, warmup: float = 0.0,

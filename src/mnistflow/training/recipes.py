@@ -28,7 +28,8 @@ from mnistflow.core.errors import MnistflowError
 _BEST = dict(model="fast-wide", optimizer="muon", muon_lr=0.1, muon_momentum=0.8, nesterov=True,
              lr=0.5, weight_decay=5e-4, batch_size=256, epochs=7, schedule="onecycle", warmup=0.2,
              label_smoothing=0.1, augment="auto", channels_last=True, drop_last=True,
-             log_every=50, eval_batch_size=1000, train_on="train+val", tta=8, validate=False)
+             log_every=50, eval_batch_size=1000, train_on="train+val", tta=8, validate=False,
+             cuda_graphs="auto")
 
 # Time-to-accuracy: >= 99.0% test in 0.45 of an epoch (benchmarks/time_to_accuracy.py):
 # the first convolution initialised by whitening (--whiten), the hidden convolutions trained
@@ -44,7 +45,7 @@ _FAST = dict(model="fast", optimizer="muon", muon_lr=0.13, muon_momentum=0.8, ne
              lr=1.3, momentum=0.9, weight_decay=5e-4, batch_size=384, epochs=0.45,
              schedule="onecycle", warmup=0.3, label_smoothing=0.1, channels_last=True,
              drop_last=True, log_every=50, eval_batch_size=2000, validate=False, whiten=True,
-             augment="off")
+             augment="off", cuda_graphs="auto")  # a GPU replays the step as one CUDA graph
 
 RECIPES: dict[str, dict] = {
     # The tutorial's softmax regression: plain gradient descent, batch 100 (~92%). On
@@ -108,12 +109,23 @@ MEASURED: dict[str, dict[str, tuple[float, float, float, float]]] = {
                       "best": (0.9331, 0.9332, 0.9348, 417.0)},
 }
 
+# The same on a GPU: benchmarks/frontier.py --device cuda (bf16, the records resident on the
+# GPU, the step replayed as a CUDA graph; one untimed run first: BENCHMARKS.md, "On a GPU").
+MEASURED_GPU_ON = "an NVIDIA H100 (CUDA, bf16), 2026-11-25"
+MEASURED_GPU: dict[str, dict[str, tuple[float, float, float, float]]] = {
+    "mnist": {"fast": (0.9903, 0.9903, 0.9905, 0.100), "fast-plus": (0.9938, 0.9944, 0.9950, 0.315),
+              "seed-cnn": (0.9934, 0.9940, 0.9942, 6.68), "mid": (0.9956, 0.9960, 0.9961, 0.995),
+              "best": (0.9961, 0.9961, 0.9962, 2.65)},
+}
 
-def pick_for_target(target: float, dataset: str | None) -> tuple[str, str]:
+
+def pick_for_target(target: float, dataset: str | None, gpu: bool = False) -> tuple[str, str]:
     """(recipe, why): the cheapest recipe whose every measured seed reached ``target`` on
-    ``dataset`` (as benchmarks/frontier.py draws the curve). An error when the dataset is not
-    measured or no recipe reaches it."""
-    measured = MEASURED.get(dataset or "")
+    ``dataset`` (as benchmarks/frontier.py draws the curve), by the GPU's figures for a run on
+    a GPU where there are some. An error when the dataset is not measured or no recipe reaches it."""
+    gpu = gpu and dataset in MEASURED_GPU
+    measured, on = (MEASURED_GPU, MEASURED_GPU_ON) if gpu else (MEASURED, MEASURED_ON)
+    measured = measured.get(dataset or "")
     if not measured:
         raise MnistflowError(f"--target-acc without --recipe: no recipe is measured on "
                              f"{dataset or 'this data'} (measured: {', '.join(MEASURED)}); name one with --recipe")
@@ -125,8 +137,8 @@ def pick_for_target(target: float, dataset: str | None) -> tuple[str, str]:
     secs, name = able[0]
     lo, med, hi, _ = measured[name]
     return name, (f"--target-acc {target}: recipe {name}, the cheapest measured to reach it on {dataset} "
-                  f"(every seed: test {100 * lo:.2f}-{100 * hi:.2f}%, median {100 * med:.2f}%, {secs:.0f} s on "
-                  f"{MEASURED_ON}; all: {ranges})")
+                  f"(every seed: test {100 * lo:.2f}-{100 * hi:.2f}%, median {100 * med:.2f}%, {secs:.3g} s on "
+                  f"{on}; all: {ranges})")
 
 
 def for_data(recipe: str | None, policy: str) -> dict:

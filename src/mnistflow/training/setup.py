@@ -67,11 +67,13 @@ def resolve_config(config: str | os.PathLike | None = None, **overrides) -> Trai
     file = configmod.load_toml(config) if config else None
     recipe_name = overrides.get("recipe") or (file or {}).get("recipe")
     given = {k: overrides.get(k) if overrides.get(k) is not None else (file or {}).get(k)
-             for k in ("dataset", "data", "model", "target_acc", "target_split", "resume")}
+             for k in ("dataset", "data", "model", "target_acc", "target_split", "resume", "device")}
     if recipe_name is None and given["target_acc"] is not None and not given["model"] and not given["resume"]:
         # the cheapest recipe known to reach the target on this dataset (an error if none is)
         configmod.check_value("target_acc", given["target_acc"])
-        recipe_name, why = pick_for_target(given["target_acc"], known_name(given["dataset"], given["data"]))
+        device = str(given["device"] or "auto")
+        gpu = device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
+        recipe_name, why = pick_for_target(given["target_acc"], known_name(given["dataset"], given["data"]), gpu)
         overrides["recipe"] = recipe_name
         chosen = get_recipe(recipe_name)
         if not given["target_split"] and (chosen.get("train_on") == "train+val" or chosen.get("validate") is False):
