@@ -5,7 +5,7 @@ models and ensembles offline from those files.
     MNISTFLOW_DATA=../shared/data/mnist python benchmarks/val_sweep.py [--data DIR] run TAG
         [--dataset mnist] [--recipe best] [--set model=fast-deep epochs=3 ...]
         [--factory MODULE:FUNCTION] [--seeds 0 1] [--views 8]
-    python benchmarks/val_sweep.py compare TAG [TAG ...]     # (the first TAG is the reference)
+    python benchmarks/val_sweep.py compare TAG [TAG ...] [--per-seed]   # (the first TAG is the reference)
     python benchmarks/val_sweep.py time TAG [TAG ...] [--rounds 8]   # training walls, interleaved
 
 `run` trains through the public API on records that have no test split at all (a view of the
@@ -17,7 +17,8 @@ else strings; `--factory` trains a model function of an importable module instea
 what the raw data holds (its records are prepared once per dataset; `compare` and `time` take
 it from the tag).
 `compare` prints each model's accuracy and errors, how many of the images that every model of
-the first TAG gets wrong it gets wrong too, each TAG's ensemble and the ensemble of all.
+the first TAG gets wrong it gets wrong too, each TAG's ensemble and the ensemble of all; with
+`--per-seed`, every mixed ensemble of one model per TAG, made seed by seed.
 `time` trains each TAG again as its `run` did (its settings are kept in OUT/TAG.json), in one
 process, the tags interleaved round by round (seed = round, the order reversed every other
 round, no scoring), and prints each tag's median training wall and its ratio to the first
@@ -31,8 +32,10 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import itertools
 import json
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -182,6 +185,13 @@ def time_tags(a: argparse.Namespace) -> None:
         print(f"| {tag} | {np.median(w):.3f} | {np.median(w) / ref:.2f} | {' '.join(f'{v:.2f}' for v in w)} |")
 
 
+def saved(tag: str) -> dict[int, np.ndarray]:
+    """The validation probabilities ``run`` saved for ``tag``, by seed (TAG_SEED.npy; not
+    another tag's that starts the same, as ``ff_0_1.npy`` does for ``ff``)."""
+    found = (re.fullmatch(rf"{re.escape(tag)}_(\d+)", f.stem) for f in OUT.glob(f"{tag}_*.npy"))
+    return {int(m.group(1)): np.load(OUT / f"{m.group(0)}.npy") for m in sorted(filter(None, found), key=lambda m: int(m.group(1)))}
+
+
 def compare(a: argparse.Namespace) -> None:
     from mnistflow.data.records import open_records
 
@@ -189,7 +199,8 @@ def compare(a: argparse.Namespace) -> None:
     dataset = json.loads(first.read_text()).get("dataset", "mnist") if first.exists() else "mnist"
     _, vy = open_records(sweep_records(a.data, dataset)).split("val")
     vy = np.asarray(vy)
-    probs = {tag: [np.load(f) for f in sorted(OUT.glob(f"{tag}_*.npy"))] for tag in a.tags}
+    by_seed = {tag: saved(tag) for tag in a.tags}
+    probs = {tag: list(models.values()) for tag, models in by_seed.items()}
     if not probs[a.tags[0]]:
         sys.exit(f"no saved models for {a.tags[0]} in {OUT} (run it first)")
     shared = np.logical_and.reduce([p.argmax(1) != vy for p in probs[a.tags[0]]])
@@ -207,6 +218,22 @@ def compare(a: argparse.Namespace) -> None:
     everything = [p for ps in probs.values() for p in ps]
     if len(probs) > 1:
         print(f"all {len(everything)} models: {acc(everything)}")
+    if a.per_seed:
+        per_seed(by_seed, vy)
+
+
+def per_seed(by_seed: dict[str, dict[int, np.ndarray]], vy: np.ndarray) -> None:
+    """Mixed ensembles: for every set of two or more tags, the ensemble of one model of each
+    tag, made per seed (seed s of every tag), as a recipe that trains those nets together with
+    one seed would give; each seed's validation accuracy and their mean."""
+    print("| models (one of each tag, per seed) | val % per seed | mean |\n|---|---|---|")
+    for r in range(2, len(by_seed) + 1):
+        for combo in itertools.combinations(by_seed, r):
+            seeds = sorted(set.intersection(*(set(by_seed[t]) for t in combo)))
+            accs = [100 * (sum(by_seed[t][s] for t in combo).argmax(1) == vy).mean() for s in seeds]
+            if accs:
+                print(f"| {' + '.join(combo)} | {' / '.join(f'{s}: {v:.2f}' for s, v in zip(seeds, accs))} "
+                      f"| {np.mean(accs):.3f} |")
 
 
 def main() -> None:
@@ -226,6 +253,8 @@ def main() -> None:
     r.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
     c = sub.add_parser("compare", help="models and ensembles from the saved probabilities")
     c.add_argument("tags", nargs="+")
+    c.add_argument("--per-seed", action="store_true",
+                   help="also every mixed ensemble of one model per tag, made per seed")
     t = sub.add_parser("time", help="the tags' training walls, interleaved in one process")
     t.add_argument("tags", nargs="+")
     t.add_argument("--rounds", type=int, default=8)

@@ -60,6 +60,16 @@ def test_run_saves_validation_probabilities_and_compare_and_time_read_them(mnist
     assert min(accs) > 90  # a tenth of an epoch of fast already learns the digits
     compared = sweep("compare", "tiny")
     assert f"tiny: val {accs[0]:.2f}%" in compared and "ensemble of 2" in compared
+    # --per-seed: a second tag holding the same two models, seeds swapped, so each seed's mixed
+    # ensemble is the two models averaged; a tag that starts like another's is not read as it
+    p0, p1 = np.load(out / "tiny_0.npy"), np.load(out / "tiny_1.npy")
+    np.save(out / "mix_0.npy", p1)
+    np.save(out / "mix_1.npy", p0)
+    np.save(out / "tiny_x_0.npy", np.eye(10)[np.zeros(len(vy), dtype=int)])  # another tag, "tiny_x"
+    both = 100 * ((p0 + p1).argmax(1) == np.asarray(vy)).mean()
+    mixed = sweep("compare", "tiny", "mix", "--per-seed")
+    assert "tiny: ensemble of 2" in mixed and "ensemble of 3" not in mixed
+    assert f"| tiny + mix | 0: {both:.2f} / 1: {both:.2f} | {both:.3f} |" in mixed
     # `time` trains the tag again from its saved settings: one round, one line, ratio 1 to itself
     timed = sweep("time", "tiny", "--rounds", "1")
     row = next(line for line in timed.splitlines() if line.startswith("| tiny |"))
