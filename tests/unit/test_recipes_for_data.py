@@ -1,5 +1,6 @@
-"""Recipes that know their data (``recipes.FOR_DATA``): ``best`` takes the deeper net for
-clothing, and only where nothing the user gave says otherwise (a flag, a config file)."""
+"""Recipes that know their data (``recipes.FOR_DATA``): on clothing ``best`` and ``mid`` take the
+deeper net and ``mid`` and ``fast-plus`` drop the augmentation, only where nothing the user gave
+says otherwise (a flag, a config file)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -36,6 +37,13 @@ def test_fast_plus_drops_augmentation_and_views_for_clothing_only(dataset, augme
     assert resolve_config(recipe="fast-plus", dataset=dataset, tta=2).tta == 2  # a flag keeps its own
 
 
+@pytest.mark.parametrize("dataset,model,augment", [("fashion-mnist", "fast-deep", "off"), ("mnist", "fast-wide", "auto")])
+def test_mid_takes_bests_net_without_augmentation_for_clothing_only(dataset, model, augment):
+    cfg = resolve_config(recipe="mid", dataset=dataset)
+    assert (cfg.model, cfg.augment, cfg.epochs, cfg.tta) == (model, augment, 3, 4)
+    assert resolve_config(recipe="mid", dataset=dataset, augment="clothing").augment == "clothing"
+
+
 def test_a_flag_or_a_config_file_keeps_its_own_value(tmp_path):
     # the flag equals the recipe's own base value: still the user's choice, not the recipe's
     assert resolve_config(recipe="best", dataset="fashion-mnist", model="fast-wide").model == "fast-wide"
@@ -67,18 +75,22 @@ def test_only_existing_settings_and_known_policies():
             assert set(for_data(recipe, kind)) <= names
 
 
-def test_a_run_and_its_resume_train_the_recipes_model(tmp_path):
+@pytest.mark.parametrize("recipe,augment", [("best", "clothing"), ("mid", "off")])
+def test_a_run_and_its_resume_train_the_recipes_model(tmp_path, recipe, augment):
     """The records decide it at every start: a resumed run rebuilds the model it saved."""
+    from mnistflow.training.config import load_toml
     from mnistflow.training.loop import train
 
     rec = _records(tmp_path / "fm", "fashion-mnist")
     run = tmp_path / "run"
-    common = dict(recipe="best", data=str(rec), quiet=True, threads=1, tensorboard=False, tta=2,
+    common = dict(recipe=recipe, data=str(rec), quiet=True, threads=1, tensorboard=False, tta=2,
                   batch_size=50, eval_batch_size=100)
     first = train(run_dir=str(run), max_steps=1, checkpoint_every=1, **common)
     assert first["model"] == "fast-deep" and first["tta_mirror"]  # clothing: the mirror is a view
+    assert load_toml(run / "config.toml")["augment"] == augment
     again = train(run_dir=str(run), resume=True, max_steps=2, **common)
     assert again["model"] == "fast-deep" and again["steps"] == 2 and again["resumed_from"]
+    assert load_toml(run / "config.toml")["augment"] == augment
 
 
 def test_eval_of_a_clothing_model_mirrors_and_says_so(tmp_path):

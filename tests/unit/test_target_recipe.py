@@ -88,3 +88,13 @@ def test_every_measured_entry_names_a_recipe_and_a_known_dataset():
         assert datasets.lookup(ds) is not None and set(by_recipe) <= set(recipes.RECIPES)
         for lo, med, hi, secs in by_recipe.values():
             assert 0 < lo <= med <= hi <= 1 and secs > 0
+
+
+def test_on_fashion_mnist_the_shipped_figures_pick_mid_with_its_clothing_settings(monkeypatch, caplog):
+    # mid (fast-deep, no augmentation on clothing) beats seed-cnn's accuracy in less time
+    monkeypatch.setattr(recipes, "MEASURED", REAL)
+    cfg = resolve_config(target_acc=0.92, dataset="fashion-mnist")
+    assert (cfg.recipe, cfg.model, cfg.augment, cfg.epochs) == ("mid", "fast-deep", "off", 3)
+    assert "recipe mid, the cheapest measured to reach it on fashion-mnist" in caplog.text
+    assert resolve_config(target_acc=0.93, dataset="fashion-mnist").recipe == "best"
+    assert resolve_config(target_acc=0.90, dataset="fashion-mnist").recipe == "fast-plus"
