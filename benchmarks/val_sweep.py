@@ -188,8 +188,12 @@ def time_tags(a: argparse.Namespace) -> None:
 def saved(tag: str) -> dict[int, np.ndarray]:
     """The validation probabilities ``run`` saved for ``tag``, by seed (TAG_SEED.npy; not
     another tag's that starts the same, as ``ff_0_1.npy`` does for ``ff``)."""
-    found = (re.fullmatch(rf"{re.escape(tag)}_(\d+)", f.stem) for f in OUT.glob(f"{tag}_*.npy"))
-    return {int(m.group(1)): np.load(OUT / f"{m.group(0)}.npy") for m in sorted(filter(None, found), key=lambda m: int(m.group(1)))}
+    seeds = {}
+    for f in OUT.glob(f"{tag}_*.npy"):
+        m = re.fullmatch(rf"{re.escape(tag)}_(\d+)", f.stem)
+        if m:
+            seeds[int(m.group(1))] = f
+    return {seed: np.load(seeds[seed]) for seed in sorted(seeds)}
 
 
 def compare(a: argparse.Namespace) -> None:
