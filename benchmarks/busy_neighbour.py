@@ -13,13 +13,16 @@ Policies, in the environment of the run:
   old      ``GOMP_SPINCOUNT=300000``: libgomp's default (an idle thread spins ~300k rounds before it
            sleeps), exactly what mnistflow ran with before it set a policy
   active   ``OMP_WAIT_POLICY=ACTIVE`` (spin for minutes)
-  passive  nothing set: mnistflow's default, ``OMP_WAIT_POLICY=PASSIVE`` (sleep at once)
+  passive  ``OMP_WAIT_POLICY=PASSIVE`` (sleep at once): mnistflow's default from issue 19 until
+           2026-11-27
+  auto     nothing set: mnistflow's choice at import (``core.openmp``): libgomp's default when no
+           other process is running, passive beside one (the neighbour starts before the run)
   spinN    ``OMP_WAIT_POLICY=PASSIVE GOMP_SPINCOUNT=N``: a middle ground
 All cells are interleaved (repeat by repeat, policy and load alternating) so that drift in the
 machine's speed hits every column alike. "busy/idle" is the slowdown a neighbour causes (the goal:
 2x or less); "idle vs old" is the policy's cost on an idle machine (1.00: none). With the
-defaults (4 recipes, 2 thread settings, 2 policies, 2 repeats: 64 runs) it takes about 8 minutes
-on 2 idle Zen 2 cores (estimated; the header says how long it took).
+defaults (4 recipes, 2 thread settings, 3 policies, 2 repeats: 96 runs) it takes about 12
+minutes on 2 idle cores (estimated; the header says how long it took).
 """
 from __future__ import annotations
 
@@ -48,10 +51,12 @@ def policy_env(policy: str) -> dict:
     if policy == "active":
         return {"OMP_WAIT_POLICY": "ACTIVE"}
     if policy == "passive":
+        return {"OMP_WAIT_POLICY": "PASSIVE"}
+    if policy == "auto":
         return {}
     if policy.startswith("spin") and policy[4:].isdigit():
         return {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": policy[4:]}
-    raise SystemExit(f"unknown policy {policy!r}: old, active, passive or spinN")
+    raise SystemExit(f"unknown policy {policy!r}: old, active, passive, auto or spinN")
 
 
 class Neighbours:
@@ -103,8 +108,8 @@ def main() -> None:
     ap.add_argument("--max-steps", type=int, help="training steps a run (default: "
                     + ", ".join(f"{r} {n}" for r, n in STEPS.items()) + ")")
     ap.add_argument("--repeats", type=int, default=2)
-    ap.add_argument("--policies", nargs="+", default=["old", "passive"],
-                    help="the first is the baseline: old, active, passive, spinN (default: old passive)")
+    ap.add_argument("--policies", nargs="+", default=["old", "passive", "auto"],
+                    help="the first is the baseline: old, active, passive, auto, spinN (default: old passive auto)")
     ap.add_argument("--neighbours", type=int, default=1, help="busy processes beside a busy run")
     ap.add_argument("--threads", nargs="+", default=["default", str(cores)],
                     help="'default' (mnistflow's choice) and/or numbers")

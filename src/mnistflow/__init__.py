@@ -9,23 +9,17 @@ The public API mirrors the CLI verbs (each verb calls one of these)::
 
 Names are resolved lazily so that ``import mnistflow`` stays cheap.
 
-OpenMP threads wait passively (``OMP_WAIT_POLICY=PASSIVE``, set here unless ``OMP_WAIT_POLICY``
-or ``GOMP_SPINCOUNT`` is already in the environment) when mnistflow is imported before torch, as
-the ``mnistflow`` command does; torch imported first keeps libgomp's default.
+OpenMP's wait policy is chosen when mnistflow is imported before torch (as the ``mnistflow``
+command does) and the user set neither ``OMP_WAIT_POLICY`` nor ``GOMP_SPINCOUNT``: on an idle
+machine libgomp's default (threads spin a while at each barrier), beside other running processes
+``OMP_WAIT_POLICY=PASSIVE`` (``core.openmp``). torch imported first keeps libgomp's default.
 """
 from __future__ import annotations
 
-import os as _os
-import sys as _sys
 
-# libgomp, torch's OpenMP runtime, reads its wait policy once, when torch is imported, so this
-# comes before anything imports torch. Its default spins idle threads for ~300k rounds at every
-# barrier: next to one busy process a 2-thread `fast` run took 2.5x its idle time, passive 1.35x,
-# at about no idle cost (benchmarks/busy_neighbour.py). True when mnistflow chose the policy.
-_omp_passive_by_mnistflow = ("torch" not in _sys.modules and "GOMP_SPINCOUNT" not in _os.environ
-                             and not _os.environ.get("OMP_WAIT_POLICY", "").strip())
-if _omp_passive_by_mnistflow:
-    _os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+from mnistflow.core import openmp as _openmp
+
+_openmp.choose_at_import()  # before anything imports torch: libgomp reads the policy once
 
 __version__ = "0.1.0"
 

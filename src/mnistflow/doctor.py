@@ -70,8 +70,9 @@ def diagnose() -> dict:
                 "(the data is resident)")
     if facts["omp_wait_policy"].startswith("(unset"):
         recs.append("torch was imported before mnistflow, so its OpenMP threads spin while they wait: import "
-                    "mnistflow first (or set OMP_WAIT_POLICY=PASSIVE before starting); spinning threads "
-                    "collapse when another process holds a core")
+                    "mnistflow first (it lets them sleep when other processes are running), or set "
+                    "OMP_WAIT_POLICY=PASSIVE before starting; spinning threads collapse when another process "
+                    "holds a core")
     if not facts["native_kernels"].startswith(("loaded", "off")):
         recs.append("install a C compiler with OpenMP (Debian: apt-get install gcc) for mnistflow's native "
                     "CPU kernels (max-pool, batch norm + ReLU, and on AMX CPUs the convolutions' weight gradient and "
@@ -87,14 +88,18 @@ def diagnose() -> dict:
 
 
 def _omp_wait_policy() -> str:
-    """OpenMP's wait policy in this process and who chose it (``mnistflow/__init__.py`` sets PASSIVE
-    unless the user chose, or torch was loaded before mnistflow: then libgomp's default holds)."""
-    import mnistflow
+    """OpenMP's wait policy in this process and who chose it (``core.openmp`` chooses, by the
+    load when mnistflow was imported, unless the user chose or torch was loaded before mnistflow:
+    then libgomp's default holds)."""
+    from mnistflow.core import openmp
 
     policy = os.environ.get("OMP_WAIT_POLICY", "").strip()
     spin = os.environ.get("GOMP_SPINCOUNT", "").strip()
-    if mnistflow._omp_passive_by_mnistflow:
-        return f"{policy} (mnistflow's default)"
+    chosen = openmp.chosen
+    if chosen == "passive":
+        return f"{policy} (mnistflow's choice: other processes were running when it started)"
+    if chosen == "spin":
+        return "libgomp's default, spin ~300k rounds, then sleep (mnistflow's choice: the machine was idle)"
     if policy or spin:
         return " ".join(x for x in (policy, spin and f"GOMP_SPINCOUNT={spin}") if x) + " (yours)"
     return "(unset: torch was imported before mnistflow; libgomp spins ~300k rounds, then sleeps)"

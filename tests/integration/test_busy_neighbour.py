@@ -1,6 +1,7 @@
-"""OpenMP's wait policy on a busy machine: mnistflow sets ``OMP_WAIT_POLICY=PASSIVE`` before
-torch loads libgomp (spinning threads made a 2-thread run 2.4x slower next to one busy process),
-and a user's own setting is kept. Checked where it counts, in libgomp: ``OMP_DISPLAY_ENV=verbose``
+"""OpenMP's wait policy: beside a running process mnistflow sets ``OMP_WAIT_POLICY=PASSIVE`` before
+torch loads libgomp (spinning threads made a 2-thread run 2.4x slower next to one busy process on
+Zen 2), on an idle machine it leaves libgomp's spinning default (passive made `fast` 1.3-1.6x
+slower on an idle Zen 4 VM), and a user's own setting is kept. Checked where it counts, in libgomp: ``OMP_DISPLAY_ENV=verbose``
 makes it print the settings it started with, and the spin count is what the policy changes
 (libgomp prints ``OMP_WAIT_POLICY = 'PASSIVE'`` for its unset default too)."""
 from __future__ import annotations
@@ -12,6 +13,8 @@ import sys
 
 import pytest
 from helpers.cli import run_cli
+
+from mnistflow.core import openmp
 
 SPIN = {"passive": "0", "libgomp default": "300000", "active": "30000000000"}
 
@@ -41,20 +44,67 @@ def _settings(stderr: str) -> dict:
 IMPORT = "import mnistflow, torch, os; torch.ones(4).sum(); print(os.environ.get('OMP_WAIT_POLICY'))"
 
 
-def test_importing_mnistflow_first_makes_libgomp_wait_passively():
+@pytest.fixture
+def neighbour():
+    """A process that is always runnable: what mnistflow's import must see as a busy machine."""
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        import time
+
+        time.sleep(0.3)
+        yield busy
+    finally:
+        busy.kill()
+        busy.wait()
+
+
+def test_importing_mnistflow_first_beside_a_running_process_makes_libgomp_wait_passively(neighbour):
     omp, out = _libgomp(IMPORT)
     assert omp == {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": SPIN["passive"]}
     assert out.strip() == "PASSIVE"  # and what mnistflow starts (--nproc, loader workers) inherits it
 
 
-def test_the_command_line_sets_it_before_torch_loads():
+def test_the_command_line_sets_it_before_torch_loads(neighbour):
     e = {"OMP_WAIT_POLICY": None, "GOMP_SPINCOUNT": None, "OMP_DISPLAY_ENV": "verbose"}
     proc = run_cli("doctor", "--json", env=e)
     assert proc.returncode == 0, proc.stderr
     assert _settings(proc.stderr)["GOMP_SPINCOUNT"] == SPIN["passive"]
     facts = json.loads(proc.stdout)
-    assert facts["omp_wait_policy"] == "PASSIVE (mnistflow's default)"
+    assert facts["omp_wait_policy"] == "PASSIVE (mnistflow's choice: other processes were running when it started)"
     assert not any("OMP_WAIT_POLICY" in r for r in facts["recommendations"])
+
+
+@pytest.mark.parametrize("environ,torch_loaded,others,want", [
+    ({}, False, 0, "spin"),  # an idle machine: libgomp's default, the fastest there
+    ({}, False, 1, "passive"),
+    ({}, False, 5, "passive"),
+    ({}, False, None, "passive"),  # no /proc/loadavg: the safe choice
+    ({"OMP_WAIT_POLICY": " "}, False, 0, "spin"),  # blank is unset
+    ({"OMP_WAIT_POLICY": "ACTIVE"}, False, 3, None),
+    ({"GOMP_SPINCOUNT": "1000"}, False, 3, None),
+    ({}, True, 0, None),  # torch already read it
+])
+def test_the_choice(environ, torch_loaded, others, want):
+    assert openmp.choose(environ, torch_loaded, others) == want
+
+
+@pytest.mark.parametrize("text,want", [("0.50 0.40 0.30 1/123 4567\n", 0), ("2.0 1.0 0.5 3/80 99\n", 2),
+                                       ("garbage\n", None), ("", None)])
+def test_runnable_tasks_are_read_from_loadavg(tmp_path, text, want):
+    f = tmp_path / "loadavg"
+    f.write_text(text)
+    assert openmp.others_runnable(str(f)) == want
+    assert openmp.others_runnable(str(tmp_path / "missing")) is None
+
+
+def test_the_doctor_says_when_mnistflow_let_threads_spin(monkeypatch):
+    from mnistflow.doctor import _omp_wait_policy
+
+    monkeypatch.setattr(openmp, "chosen", "spin")
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
+    assert _omp_wait_policy() == ("libgomp's default, spin ~300k rounds, then sleep "
+                                  "(mnistflow's choice: the machine was idle)")
 
 
 @pytest.mark.parametrize("policy,spin", [("ACTIVE", SPIN["active"]), ("active", SPIN["active"]),

@@ -209,21 +209,11 @@ def busy_cores_elsewhere(sample_s: float = 0.25) -> float:
     return max(0.0, busy - own)
 
 
-def openmp_threads_spin() -> bool:
-    """Whether PyTorch's idle OpenMP threads spin-wait (libgomp's default, ``ACTIVE``) rather than
-    sleep at once (``OMP_WAIT_POLICY=PASSIVE``, which ``import mnistflow`` sets unless torch was
-    imported first or the user chose), as far as the environment says: libgomp reads it when
-    torch is imported, and mnistflow changes it only before that."""
-    policy = os.environ.get("OMP_WAIT_POLICY", "").strip().lower()
-    return policy != "passive" or os.environ.get("GOMP_SPINCOUNT", "").strip() not in ("", "0")
-
-
 def threads_for_load(threads: int, cores: int, busy: float) -> int:
-    """Intra-op threads that fit the cores other processes leave free, for OpenMP threads that
-    spin at their barriers (``openmp_threads_spin``): one that shares a core with a busy process
-    stalls all the others (a 2-thread step measured 4x slower than 1 thread when another process
-    kept one of 2 cores busy). Passive threads need no shedding: 2 threads next to one busy
-    process were as fast as 1, and next to two, 1.4x faster (benchmarks/busy_neighbour.py)."""
+    """Intra-op threads that fit the cores other processes leave free: a thread that shares a
+    core with a busy process stalls all the others at every op (a 2-thread step measured 4x
+    slower than 1 thread when another process kept one of 2 cores busy; passive threads, 3.4x
+    on a Zen 4 VM, as fast as 1 thread on Zen 2: benchmarks/busy_neighbour.py)."""
     free = int(cores - busy + 0.5)  # a core more than half busy is taken
     return max(1, min(threads, free))
 

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from mnistflow.artifacts.rundir import CONFIG, RunBusy, RunDir, RunLock
+from mnistflow.core import openmp
 from mnistflow.core.errors import MnistflowError, display
 from mnistflow.core.log import note, warn
 from mnistflow.data.augment import resolve_policy
@@ -34,7 +35,6 @@ from mnistflow.runtime.cpu import (
     default_threads,
     env_threads,
     flush_denormals,
-    openmp_threads_spin,
     set_threads,
     threads_for_load,
     tune_malloc,
@@ -223,11 +223,14 @@ class Run:
 def _threads_for_a_shared_machine() -> int | None:
     """The default thread count, lowered when other processes keep cores busy (only when no
     one chose: no ``--threads``, no ``$MNISTFLOW_THREADS``, not under torchrun, where the
-    busy cores are the other ranks), and only while OpenMP threads spin
-    (``runtime.cpu.openmp_threads_spin``): passive threads share a core without collapsing."""
+    busy cores are the other ranks), and only when mnistflow did not see an idle machine at
+    import (``core.openmp``; the 0.25 s sample would be a sixth of a `fast` run). A thread that
+    shares a core with a busy process slows every op: 2 spinning threads beside one took 4.6x
+    their idle time on a Zen 4 VM, 2 passive ones 3.4x, 1 thread 1.2x (Zen 2: 2.4x, 1.3x,
+    1.3x; benchmarks/busy_neighbour.py)."""
     if os.environ.get("MNISTFLOW_THREADS") or int(os.environ.get("LOCAL_WORLD_SIZE", 1) or 1) > 1:
         return None
-    if not openmp_threads_spin():  # shedding would only lose speed (benchmarks/busy_neighbour.py)
+    if openmp.chosen == "spin":  # mnistflow saw no other process running when it was imported
         return None
     n = default_threads()
     if n == 1:
