@@ -102,10 +102,11 @@ FOR_DATA: dict[str, dict[str, dict]] = {
     "mid": {"clothing": dict(model="fast-deep", augment="off")},
 }
 
-# What each recipe reached from prepared records (MEASURED_ON): MNIST in one benchmarks/frontier.py
-# run, Fashion-MNIST by benchmarks/family.py, the same measure (BENCHMARKS.md, "The time-to-accuracy
-# frontier", "The MNIST family"): test accuracy over seeds 0-2 (lowest, median, highest) and the
-# median wall seconds. ``--target-acc`` without a recipe picks from it.
+# What each recipe reached from prepared records on a CPU without fast bf16 (MEASURED_ON): MNIST
+# in one benchmarks/frontier.py run, Fashion-MNIST by benchmarks/family.py, the same measure
+# (BENCHMARKS.md, "The time-to-accuracy frontier", "The MNIST family"): test accuracy over seeds
+# 0-2 (lowest, median, highest) and the median wall seconds. ``--target-acc`` without a recipe
+# picks from it, or from the table below for the machine the run is on.
 MEASURED_ON = "AMD EPYC (Zen 2), 2 cores, fp32, 2026-11-25"
 MEASURED: dict[str, dict[str, tuple[float, float, float, float]]] = {
     "mnist": {"fast": (0.9903, 0.9907, 0.9912, 2.17), "fast-plus": (0.9935, 0.9936, 0.9941, 6.48),
@@ -114,6 +115,15 @@ MEASURED: dict[str, dict[str, tuple[float, float, float, float]]] = {
     "fashion-mnist": {"fast": (0.8809, 0.8832, 0.8842, 2.3), "fast-plus": (0.9003, 0.9028, 0.9030, 5.0),
                       "seed-cnn": (0.9174, 0.9175, 0.9185, 155.0), "mid": (0.9239, 0.9250, 0.9260, 134.0),
                       "best": (0.9331, 0.9332, 0.9348, 417.0)},
+}
+
+# The same on a CPU with fast bf16 (AMX or AVX-512-BF16, where --precision auto trains in bf16):
+# one benchmarks/frontier.py run on a Zen 4 without AMX (BENCHMARKS.md, "On a bf16 CPU").
+MEASURED_BF16_ON = "AMD EPYC (Zen 4, AVX-512-BF16), 2 cores, bf16, 2026-11-27"
+MEASURED_BF16: dict[str, dict[str, tuple[float, float, float, float]]] = {
+    "mnist": {"fast": (0.9905, 0.9911, 0.9912, 1.37), "fast-plus": (0.9936, 0.9937, 0.9937, 4.30),
+              "seed-cnn": (0.9935, 0.9939, 0.9941, 72.3), "mid": (0.9954, 0.9959, 0.9964, 44.9),
+              "best": (0.9960, 0.9962, 0.9968, 97.4)},
 }
 
 # The same on a GPU: benchmarks/frontier.py --device cuda (bf16, the records resident on the
@@ -125,13 +135,19 @@ MEASURED_GPU: dict[str, dict[str, tuple[float, float, float, float]]] = {
               "best": (0.9961, 0.9961, 0.9962, 2.65)},
 }
 
+MACHINES = ("cpu", "cpu-bf16", "gpu")  # what pick_for_target's figures can be for
 
-def pick_for_target(target: float, dataset: str | None, gpu: bool = False) -> tuple[str, str]:
+
+def pick_for_target(target: float, dataset: str | None, machine: str = "cpu") -> tuple[str, str]:
     """(recipe, why): the cheapest recipe whose every measured seed reached ``target`` on
-    ``dataset`` (as benchmarks/frontier.py draws the curve), by the GPU's figures for a run on
-    a GPU where there are some. An error when the dataset is not measured or no recipe reaches it."""
-    gpu = gpu and dataset in MEASURED_GPU
-    measured, on = (MEASURED_GPU, MEASURED_GPU_ON) if gpu else (MEASURED, MEASURED_ON)
+    ``dataset`` (as benchmarks/frontier.py draws the curve), by the figures of the machine the
+    run is on where there are some for this dataset (``machine``: "gpu", "cpu-bf16" for a CPU
+    that trains in bf16, "cpu"), else the fp32 CPU's. An error when the dataset is not measured or
+    no recipe reaches it."""
+    tables = {"gpu": (MEASURED_GPU, MEASURED_GPU_ON), "cpu-bf16": (MEASURED_BF16, MEASURED_BF16_ON)}
+    measured, on = tables.get(machine, (MEASURED, MEASURED_ON))
+    if dataset not in measured:
+        measured, on = MEASURED, MEASURED_ON
     measured = measured.get(dataset or "")
     if not measured:
         raise MnistflowError(f"--target-acc without --recipe: no recipe is measured on "

@@ -32,6 +32,7 @@ from mnistflow.models.ensemble import nets
 from mnistflow.runtime import dist
 from mnistflow.runtime.cpu import (
     busy_cores_elsewhere,
+    cpu_has_fast_bf16,
     default_threads,
     env_threads,
     flush_denormals,
@@ -73,7 +74,8 @@ def resolve_config(config: str | os.PathLike | None = None, **overrides) -> Trai
         configmod.check_value("target_acc", given["target_acc"])
         device = str(given["device"] or "auto")
         gpu = device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
-        recipe_name, why = pick_for_target(given["target_acc"], known_name(given["dataset"], given["data"]), gpu)
+        machine = "gpu" if gpu else "cpu-bf16" if cpu_has_fast_bf16() else "cpu"
+        recipe_name, why = pick_for_target(given["target_acc"], known_name(given["dataset"], given["data"]), machine)
         overrides["recipe"] = recipe_name
         chosen = get_recipe(recipe_name)
         if not given["target_split"] and (chosen.get("train_on") == "train+val" or chosen.get("validate") is False):
