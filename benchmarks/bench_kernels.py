@@ -5,7 +5,7 @@
 
 Rows: each kernel (forward + backward where it has one) at the fast net's shapes (batch 384,
 channels-last, in the precision the recipes train in on this CPU: ``--precision auto``, bf16 on
-CPUs with AMX or AVX-512-BF16, else fp32; the AMX rows on CPUs with AMX), then a training step
+CPUs with AMX or AVX-512-BF16, else fp32; the weight-gradient rows on CPUs with either), then a training step
 of each recipe's net (fast, fast-wide and fast-deep with Muon, seed-cnn with Adam) with the
 kernels on and off (``MNISTFLOW_KERNELS=0``, switched in process), then whole `fast` recipe
 runs from prepared MNIST records, kernels on and off, seed by seed (``--recipe-seeds``; none:
@@ -110,18 +110,20 @@ def op_pairs() -> list[tuple[str, object, object]]:
         x = torch.randn(B, c, 4, 4).to(DT).contiguous(memory_format=CL)
         pairs.append((f"batch/channel swap {c}x4x4", lambda x=x: x.transpose(0, 1).contiguous(memory_format=CL),
                       lambda x=x: swap_batch_channels(x)))
-    return pairs + amx_pairs()
+    return pairs + wgrad_pairs()
 
 
-def amx_pairs() -> list[tuple[str, object, object]]:
-    """The AMX weight gradient against oneDNN's, and the first conv + max-pool node against
-    PyTorch's two layers; none without AMX."""
+def wgrad_pairs() -> list[tuple[str, object, object]]:
+    """The weight-gradient kernel (AMX, or AVX-512-BF16 on CPUs without AMX) against oneDNN's,
+    and the first conv + max-pool node against PyTorch's two layers; none without either."""
     from mnistflow import kernels
     from mnistflow.kernels import wgrad
 
-    if not kernels.amx_available():
-        print(f"(no AMX rows: {kernels.amx_reason()})")
+    engine = kernels.wgrad_engine()
+    if engine is None:
+        print(f"(no weight-gradient rows: {kernels.wgrad_reason()})")
         return []
+    name = "AMX" if engine == "amx" else "AVX-512-BF16"
     pairs = []
     for c, o, h in ((4, 32, 14), (32, 48, 7), (48, 96, 4)):
         x = torch.randn(B, c, h, h).bfloat16().contiguous(memory_format=CL)
@@ -129,7 +131,7 @@ def amx_pairs() -> list[tuple[str, object, object]]:
         w = torch.randn(o, c, 3, 3).bfloat16().contiguous(memory_format=CL)
         ref = (lambda x=x, g=g, w=w: torch.ops.aten.convolution_backward(
             g, x, w, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1, [False, True, False]))
-        pairs.append((f"weight gradient 3x3 {c}->{o} {h}x{h} (oneDNN vs AMX)", ref,
+        pairs.append((f"weight gradient 3x3 {c}->{o} {h}x{h} (oneDNN vs {name})", ref,
                       lambda x=x, g=g: wgrad._weight_grad(kernels.library(), x, g)))
     x = torch.randn(B, 4, 14, 14).bfloat16().contiguous(memory_format=CL)
     w = torch.randn(32, 4, 3, 3, requires_grad=True)
@@ -209,7 +211,8 @@ def main() -> None:
     if kernels.library() is None:
         sys.exit(f"bench_kernels: the kernels are {kernels.reason()}")
     print(machine())
-    print(f"precision {precision} (--precision {args.precision}); AMX: {kernels.amx_reason()}", flush=True)
+    print(f"precision {precision} (--precision {args.precision}); AMX: {kernels.amx_reason()}; "
+          f"weight gradient: {kernels.wgrad_reason()}", flush=True)
     rows = []
     for name, ref, ker in op_pairs():
         t = interleaved({"ref": ref, "ker": ker}, args.rounds)

@@ -292,6 +292,9 @@ def _add_eval(sub) -> None:
     p.add_argument("--batch-size", type=_int_in(1, MAX_INT), default=2000)
     p.add_argument("--tta", type=int, default=0, metavar="N",
                    help="average each prediction over N one-pixel shifts too (0, 2, 4, 8), as --tta in training")
+    p.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16"],
+                   help="auto: the precision the run's own evaluations used, where this device runs it fast "
+                        "(so eval repeats the run's figure), else fp32")
     p.add_argument("--json", action="store_true", help="print the result as one JSON object")
     p.set_defaults(func=_run_eval)
 
@@ -302,7 +305,7 @@ def _run_eval(a) -> int:
     from mnistflow.inference import evaluate, format_eval
 
     res = evaluate(a.model, a.split, data=a.data, device=a.device, batch_size=a.batch_size,
-                   model_name=a.model_name, tta=a.tta)
+                   model_name=a.model_name, tta=a.tta, precision=a.precision)
     print(json.dumps(res) if a.json else format_eval(res))
     return 0
 

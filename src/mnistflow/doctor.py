@@ -32,6 +32,7 @@ def diagnose() -> dict:
         "omp_wait_policy": _omp_wait_policy(),
         "native_kernels": kernels.reason(),
         "amx_kernels": kernels.amx_reason(),
+        "wgrad_kernel": kernels.wgrad_reason(),
         "mnistflow_home": str(home()),
         "mnistflow_data": os.environ.get("MNISTFLOW_DATA", "(unset)"),
         "optional": {"tensorboard": _has("tensorboard"), "onnxruntime": _has("onnxruntime"),
@@ -121,7 +122,7 @@ def format_report(d: dict) -> str:
     rows += [("CPU", d["cpu"]), ("CPU features", " ".join(d["cpu_features"]) or "-"),
              ("cores / threads", f"{d['cores']} / {d['torch_threads']}"),
              ("OMP_WAIT_POLICY", d["omp_wait_policy"]), ("native kernels", d["native_kernels"]),
-             ("AMX kernels", d["amx_kernels"]),
+             ("AMX kernels", d["amx_kernels"]), ("conv weight gradient", d["wgrad_kernel"]),
              ("data", d["mnistflow_data"]), ("cache", d["mnistflow_home"])]
     rows += [(f"  {k}", "installed" if v else "missing") for k, v in d["optional"].items()]
     w = max(len(k) for k, _ in rows)

@@ -14,20 +14,23 @@ mapped onto its outputs by label value (``model_file.outputs_of_records``).
 """
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from mnistflow.artifacts.load import load_any
 from mnistflow.artifacts.model_file import ModelInfo, outputs_of_records
 from mnistflow.artifacts.onnx import OnnxBackend
 from mnistflow.artifacts.predictor import as_predictor, predict_arrays
+from mnistflow.artifacts.rundir import SUMMARY
 from mnistflow.core.errors import MnistflowError
 from mnistflow.data.augment import mirror_safe
 from mnistflow.artifacts.runlog import describe_views
 from mnistflow.models.evaluate import TTA_VIEWS
 from mnistflow.runtime.cpu import set_threads
-from mnistflow.runtime.device import Amp, pick_device
+from mnistflow.runtime.device import Amp, pick_device, pick_precision
 
 __all__ = ["evaluate", "format_eval", "predict", "predict_arrays", "format_predictions"]
 
@@ -39,9 +42,13 @@ def check_tta(views: int) -> None:
 
 def evaluate(model_path: str | Path, split: str = "test", *, data: str | Path | None = None,
              device: str = "auto", batch_size: int = 2000, threads: int | None = None,
-             model_name: str | None = None, tta: int = 0) -> dict:
+             model_name: str | None = None, tta: int = 0, precision: str = "auto") -> dict:
     """Accuracy, loss, per-class accuracy and confusion matrix of a trained model on ``split``;
-    ``tta`` > 0 averages each prediction over that many one-pixel shifts too (0, 2, 4, 8)."""
+    ``tta`` > 0 averages each prediction over that many one-pixel shifts too (0, 2, 4, 8).
+    ``precision``: fp32, bf16, or auto: the precision a run directory's own evaluations used
+    (its summary.json) where this device runs it fast, so that eval gives the run's own figure
+    (bf16 and fp32 disagree on a few images), else fp32 (a model file, or a bf16 run on a CPU
+    without bf16 units)."""
     from mnistflow.data import make_loader, open_data
     from mnistflow.models.evaluate import evaluate as run_eval
 
@@ -60,19 +67,30 @@ def evaluate(model_path: str | Path, split: str = "test", *, data: str | Path | 
     if outputs is not None:
         loader = _Relabelled(loader, outputs)
     mirror = mirror_safe(info.dataset or rec.name)
-    res = run_eval(model, loader, Amp.create("fp32", dev), info.num_classes, confusion=True, tta=tta,
+    precision = _eval_precision(precision, model_path, dev)
+    res = run_eval(model, loader, Amp.create(precision, dev), info.num_classes, confusion=True, tta=tta,
                    mirror=mirror)
-    res.update(split=split, tta=tta, tta_mirror=bool(tta) and mirror, model=info.model, class_names=info.class_names,
+    res.update(split=split, tta=tta, precision=precision, tta_mirror=bool(tta) and mirror, model=info.model, class_names=info.class_names,
                label_values=info.values, records=str(rec.path))
     return res
+
+
+def _eval_precision(precision: str, model_path: str | Path, dev: torch.device) -> str:
+    """``evaluate``'s precision: ``precision`` itself, or for auto the run's (see there)."""
+    if precision != "auto":
+        return pick_precision(precision, dev)
+    summary = Path(model_path) / SUMMARY
+    try:
+        ran = json.loads(summary.read_text()).get("precision") if summary.is_file() else None
+    except (OSError, ValueError):
+        ran = None  # an unreadable summary: the model is still evaluated, in fp32
+    return ran if ran in ("bf16", "fp16") and pick_precision("auto", dev) == ran else "fp32"
 
 
 class _Relabelled:
     """A loader whose labels (the records' class indices) are turned into the model's outputs."""
 
     def __init__(self, loader, outputs: list[int]):
-        import torch
-
         self.loader, self.lut = loader, torch.tensor(outputs, dtype=torch.int64)
         self.world_size = getattr(loader, "world_size", 1)
 

@@ -221,7 +221,7 @@ def test_a_fast_net_step_on_the_kernels_matches_one_on_pytorchs_ops(rebuilt):
     assert any(type(m).__name__ == "BatchNormReLU2d" for m in model.modules())
     used = kernels.used()  # what summary.json records: the ops that ran on a kernel
     assert used["native"].startswith("loaded") and {"maxpool2x2", "bnrelu"} <= set(used["ops"])
-    assert ("conv3x3_wgrad" in used["ops"]) == kernels.amx_available()
+    assert ("conv3x3_wgrad" in used["ops"]) == (kernels.wgrad_engine() is not None)
     with torch.no_grad():
         model.eval()(x)
     assert "bnrelu_eval" in kernels.used()["ops"]
@@ -262,7 +262,7 @@ def test_no_compiler_means_pytorchs_ops_with_one_warning_and_nothing_half_writte
     assert "no C compiler" in capfd.readouterr().err
 
 
-# --- the AMX weight gradient (kernels/csrc/wgrad.c) -----------------------------------------
+# --- the weight gradient (kernels/csrc/wgrad.c): AMX tiles, or AVX-512-BF16 ------------------
 
 def _amx():
     from mnistflow.kernels import wgrad
@@ -272,16 +272,32 @@ def _amx():
     return wgrad
 
 
+def _engine(tiles: bool):
+    """wgrad, when this machine has the path (AMX tiles, or the AVX-512-BF16 one); else a skip."""
+    from mnistflow.kernels import wgrad
+    from mnistflow.runtime.cpu import cpu_flags
+
+    if tiles:
+        return _amx()
+    if kernels.library() is None or "avx512_bf16" not in cpu_flags():
+        pytest.skip("AVX-512-BF16 weight-gradient kernel: no AVX-512-BF16 here, or no kernels")
+    return wgrad
+
+
+ENGINES = pytest.mark.parametrize("tiles", [True, False], ids=["amx", "avx512-bf16"])
+
+
+@ENGINES
 @pytest.mark.parametrize("n,c,o,h,w", [
     (3, 16, 32, 5, 7), (2, 4, 16, 6, 3), (1, 1, 16, 2, 2), (5, 3, 128, 9, 9), (2, 64, 256, 1, 1),
     (97, 32, 48, 7, 7),  # 4,753 pixels: several chunks, the last one partial, on every thread
     (40, 48, 96, 4, 4), (30, 4, 32, 14, 14)])
-def test_amx_weight_gradient_matches_a_float64_reference(n, c, o, h, w):
-    wgrad = _amx()
+def test_weight_gradient_matches_a_float64_reference(n, c, o, h, w, tiles):
+    wgrad = _engine(tiles)
     g = torch.Generator().manual_seed(n * 1000 + c)
     x = torch.randn(n, c, h, w, generator=g).to(torch.bfloat16).contiguous(memory_format=CL)
     gy = torch.randn(n, o, h, w, generator=g).to(torch.bfloat16).contiguous(memory_format=CL)
-    got = wgrad._weight_grad(kernels.library(), x, gy)
+    got = wgrad._weight_grad(kernels.library(), x, gy, tiles=tiles)
     want = torch.ops.aten.convolution_backward(gy.double(), x.double(), torch.zeros(o, c, 3, 3, dtype=torch.float64),
                                                None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1,
                                                [False, True, False])[1]
@@ -290,8 +306,29 @@ def test_amx_weight_gradient_matches_a_float64_reference(n, c, o, h, w):
     assert torch.allclose(got.double(), want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
 
 
-def test_amx_weight_gradient_takes_only_the_shapes_it_can():
-    wgrad = _amx()
+def test_on_a_cpu_with_avx512_bf16_and_no_amx_the_weight_gradient_runs_on_the_vector_path(monkeypatch):
+    """Zen 4 and 5: no AMX, but the weight gradient is the kernel's, and says so; without
+    AVX-512-BF16 as well (AVX2 only), PyTorch's."""
+    from mnistflow.runtime import cpu
+
+    lib = _engine(False).library()
+    monkeypatch.setattr(lib, "amx_request", lambda: 1)
+    monkeypatch.setattr(kernels, "_amx", {})
+    monkeypatch.setattr(kernels, "_vector", {})
+    assert not kernels.amx_available() and kernels.wgrad_engine() == "avx512-bf16"
+    assert kernels.wgrad_reason() == "native kernel, AVX-512-BF16 (no AMX)"
+    assert kernels.used()["avx512_bf16_wgrad"] == "loaded"
+    monkeypatch.setattr(cpu, "cpu_flags", lambda: frozenset({"avx2", "avx512f"}))
+    monkeypatch.setattr(kernels, "_vector", {})
+    assert kernels.wgrad_engine() is None
+    assert kernels.wgrad_reason() == "PyTorch's (the AVX-512-BF16 kernel: unavailable: no AVX-512-BF16)"
+
+
+def test_weight_gradient_takes_only_the_shapes_it_can():
+    from mnistflow.kernels import wgrad
+
+    if kernels.wgrad_engine() is None:
+        pytest.skip("no weight-gradient kernel on this machine")
     x = torch.randn(2, 16, 5, 5).to(torch.bfloat16).contiguous(memory_format=CL)
     assert wgrad.supports(x, 32)
     assert not wgrad.supports(x, 40)  # out channels off the 16-wide tiles
@@ -303,13 +340,14 @@ def test_amx_weight_gradient_takes_only_the_shapes_it_can():
 @pytest.mark.parametrize("autocast", [False, True], ids=["fp32", "bf16-autocast"])
 @pytest.mark.parametrize("c,o,size", [(4, 32, 14), (32, 48, 7), (48, 96, 4), (48, 96, 2)])
 def test_fast_conv_has_nn_conv2ds_values_and_gradients(c, o, size, autocast, amx, monkeypatch):
-    """The fast net's convolutions: the AMX weight gradient under bf16 autocast (when the CPU has
-    AMX), else the batch-axis one at 4x4 and below, else nn.Conv2d; always nn.Conv2d's numbers."""
+    """The fast net's convolutions: the kernel's weight gradient under bf16 autocast (when the CPU
+    has AMX or AVX-512-BF16: MNISTFLOW_AMX=0 leaves the second), else the batch-axis one at 4x4
+    and below, else nn.Conv2d; always nn.Conv2d's numbers."""
     from mnistflow.kernels import wgrad
     from mnistflow.models import fast
 
     monkeypatch.setenv("MNISTFLOW_AMX", amx)
-    on_amx = autocast and kernels.amx_available()
+    on_amx = autocast and kernels.wgrad_engine() is not None
     assert not (amx == "0" and kernels.amx_available())
     calls = {"amx": 0, "batch": 0}
     weight_grad, batch_apply = wgrad._weight_grad, fast._WeightGradOverBatch.apply
@@ -336,11 +374,15 @@ def test_fast_conv_has_nn_conv2ds_values_and_gradients(c, o, size, autocast, amx
     assert calls == {"amx": int(on_amx), "batch": int(not on_amx and size <= 4)}
 
 
+@ENGINES
 @pytest.mark.parametrize("n,c,o,h,w", [(30, 4, 32, 14, 14), (7, 16, 16, 7, 5), (3, 1, 48, 3, 3)])
-def test_conv_max_pool_node_matches_the_two_layers(n, c, o, h, w):
+def test_conv_max_pool_node_matches_the_two_layers(n, c, o, h, w, tiles, monkeypatch):
     """The first layer's conv + 2x2 max-pool as one node (its weight gradient straight from the
-    pool's gradient and winners, odd sizes in ceil mode): nn.Conv2d + max_pool2d's numbers."""
-    wgrad = _amx()
+    pool's gradient and winners, odd sizes in ceil mode; on AMX the forward fused too):
+    nn.Conv2d + max_pool2d's numbers."""
+    wgrad = _engine(tiles)
+    if not tiles:  # as on a CPU without AMX
+        monkeypatch.setattr(wgrad, "amx_available", lambda: False)
     torch.manual_seed(n)
     x = torch.randn(n, c, h, w).to(torch.bfloat16).contiguous(memory_format=CL)
     w1 = torch.randn(o, c, 3, 3, requires_grad=True)
@@ -359,9 +401,11 @@ def test_conv_max_pool_node_matches_the_two_layers(n, c, o, h, w):
         wgrad.conv3x3_maxpool(x.float().requires_grad_().to(torch.bfloat16), w1)
 
 
-def test_without_amx_the_fast_net_trains_on_pytorchs_gradients(monkeypatch):
+def test_without_amx_the_fast_net_trains_on_the_vector_kernel_or_pytorchs_gradients(monkeypatch):
     """A CPU (or OS, or compiler) without AMX: the doctor's reason says so, and a bf16 step of the
-    fast net takes oneDNN's gradients and PyTorch's Newton-Schulz, with the same gradients."""
+    fast net takes the AVX-512-BF16 weight gradient where the CPU has it, else oneDNN's, and
+    PyTorch's Newton-Schulz: the same gradients as this machine's own step, either way."""
+    from mnistflow.runtime import cpu
     from mnistflow.training import optim
 
     lib = kernels.library()
@@ -370,12 +414,21 @@ def test_without_amx_the_fast_net_trains_on_pytorchs_gradients(monkeypatch):
     model = create_model("fast").to(memory_format=CL)
     x = torch.randn(64, 1, 28, 28).contiguous(memory_format=CL)
     y = torch.randint(0, 10, (64,))
-    amx = _fast_step(copy.deepcopy(model), x, y, bf16=True)
+    here = _fast_step(copy.deepcopy(model), x, y, bf16=True)
     monkeypatch.setattr(lib, "amx_request", lambda: 1)
     monkeypatch.setattr(kernels, "_amx", {})
     assert not kernels.amx_available() and not optim._amx_muon()
     assert kernels.amx_reason() == "unavailable: no AMX (this CPU, the OS or the compiler)"
+    kernels.reset_used()
+    vector = _fast_step(copy.deepcopy(model), x, y, bf16=True)
+    assert ("conv3x3_wgrad" in kernels.used()["ops"]) == (kernels.wgrad_engine() == "avx512-bf16")
+    monkeypatch.setattr(cpu, "cpu_flags", lambda: frozenset({"avx2"}))  # nor AVX-512-BF16
+    monkeypatch.setattr(kernels, "_vector", {})
+    assert kernels.wgrad_engine() is None
+    kernels.reset_used()
     plain = _fast_step(copy.deepcopy(model), x, y, bf16=True)
+    assert "conv3x3_wgrad" not in kernels.used()["ops"]
     for name, g in plain.items():
         scale = g.abs().max().item()
-        assert torch.isfinite(g).all() and torch.allclose(amx[name], g, rtol=0.05, atol=0.05 * scale), name
+        for other in (here, vector):
+            assert torch.isfinite(g).all() and torch.allclose(other[name], g, rtol=0.05, atol=0.05 * scale), name

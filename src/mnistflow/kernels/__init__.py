@@ -10,8 +10,9 @@ input before it is used. The ABI and how to add a kernel: README.md beside this 
 
 Nothing depends on them: with no compiler, a failed build or check, a non-CPU device, or
 ``MNISTFLOW_KERNELS=0``, the callers use PyTorch's own ops (one warning says why). The AMX
-kernels (``wgrad``, ``muon``) need more: a CPU and OS with AMX (``amx_available``), else
-PyTorch's ops too (``MNISTFLOW_AMX=0``: always). Both variables take 1/on/true/yes or
+kernels (``wgrad``'s tile path, ``muon``, the first layer's fused conv + pool) need more: a CPU
+and OS with AMX (``amx_available``), else PyTorch's ops too (``MNISTFLOW_AMX=0``: always); the
+weight gradient also has an AVX-512-BF16 path for CPUs without AMX (``wgrad_engine``). Both variables take 1/on/true/yes or
 0/off/false/no; another value is an error (``check_environment``).
 
 Threads: the library links ``libgomp.so.1``, which resolves to the OpenMP runtime torch has
@@ -39,7 +40,7 @@ KERNELS_ENV, AMX_ENV = "MNISTFLOW_KERNELS", "MNISTFLOW_AMX"
 _ON, _OFF = ("1", "on", "true", "yes"), ("0", "off", "false", "no")
 CSRC = Path(__file__).parent / "csrc"
 SOURCES = ("maxpool.c", "bnrelu.c", "layout.c", "wgrad.c", "muon.c")  # compiled, in csrc/
-HEADERS = ("mnistflow_kernels.h", "bf16.h", "bnrelu_impl.h", "amx.h")  # included by them
+HEADERS = ("mnistflow_kernels.h", "bf16.h", "bnrelu_impl.h", "amx.h", "vnni.h")  # included by them
 # hidden by default: the library exports exactly what mnistflow_kernels.h declares
 CFLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11", "-fvisibility=hidden")
 
@@ -61,14 +62,16 @@ SIGNATURES = {
     "swap_nc_u16": ([_P, _P, _I, _I, _I, _N], None), "swap_nc_u32": ([_P, _P, _I, _I, _I, _N], None),
     "col2im_bf16": ([_P, _P, _I, _I, _I, _I, _I, _N], None), "col2im_f32": ([_P, _P, _I, _I, _I, _I, _I, _N], None),
     "amx_request": ([], _N),  # 0: this process may use AMX tiles
-    "conv3x3_wgrad_bf16": ([_P, _P, _P, _I, _I, _I, _I, _I, _N], _N),  # 0; 1 no memory; 2 shape; -1 no AMX
-    "conv3x3_maxpool_wgrad_bf16": ([_P, _P, _P, _P, _I, _I, _I, _I, _I, _N], _N),
+    # last argument: 1 AMX tiles, 0 AVX-512-BF16; returns 0; 1 no memory; 2 shape; -1 not in this build
+    "conv3x3_wgrad_bf16": ([_P, _P, _P, _I, _I, _I, _I, _I, _N, _N], _N),
+    "conv3x3_maxpool_wgrad_bf16": ([_P, _P, _P, _P, _I, _I, _I, _I, _I, _N, _N], _N),
     "conv3x3_maxpool_forward_bf16": ([_P, _P, _P, _P, _I, _I, _I, _I, _I, _N], _N),
     "newton_schulz_bf16": ([_N, ctypes.POINTER(_P), ctypes.POINTER(_I), ctypes.POINTER(_I), _N, _N], _N),
 }
 
 _state: dict = {"reason": "not loaded yet"}  # the library's
 _amx: dict = {}  # the AMX kernels': key (what it was checked for), ok, reason
+_vector: dict = {}  # the AVX-512-BF16 weight gradient's: key, ok, reason
 _used: set[str] = set()  # the ops that ran on a kernel (mark_used)
 
 
@@ -224,6 +227,49 @@ def amx_reason() -> str:
     return _amx["reason"]
 
 
+def wgrad_engine() -> str | None:
+    """Where the 3x3 convolutions' weight-gradient kernel (``wgrad``) runs: "amx" (the tiles:
+    ``amx_available``), "avx512-bf16" (a CPU with AVX-512-BF16 but no usable AMX, such as Zen 4
+    and 5: its vector path, checked against PyTorch once per loaded library), or None
+    (PyTorch's gradient)."""
+    if amx_available():
+        return "amx"
+    lib = library()
+    if _vector.get("key") != id(lib):
+        from mnistflow.runtime.cpu import cpu_flags
+
+        ok = False
+        if lib is None:
+            why = "native kernels not loaded"
+        elif "avx512_bf16" not in cpu_flags():
+            why = "unavailable: no AVX-512-BF16"
+        else:
+            try:
+                from mnistflow.kernels import wgrad
+
+                with torch.inference_mode(False), torch.enable_grad(), torch.autocast("cpu", enabled=False):
+                    wgrad.self_check(lib, tiles=False)
+                ok, why = True, "loaded"
+            except NotImplementedError as e:  # the compiler did not build the path: quietly PyTorch's
+                why = f"unavailable: {e}"
+            except Exception as e:  # noqa: BLE001 -- a wrong result or a failed call: PyTorch's, said once
+                from mnistflow.core.log import warn
+                why = f"unavailable: {e}"
+                warn(f"the AVX-512-BF16 weight-gradient kernel is {why}; using PyTorch's (slower)")
+        _vector.update(key=id(lib), ok=ok, reason=why)
+    return "avx512-bf16" if _vector["ok"] else None
+
+
+def wgrad_reason() -> str:
+    """One line for ``mnistflow doctor``: where the convolutions' weight gradient runs."""
+    engine = wgrad_engine()
+    if engine == "amx":
+        return "native kernel, AMX tiles"
+    if engine:
+        return "native kernel, AVX-512-BF16 (no AMX)"
+    return f"PyTorch's (the AVX-512-BF16 kernel: {_vector['reason']})"
+
+
 def mark_used(op: str) -> None:
     """Note that ``op`` ran on its native kernel in this process (one set insert: cheap enough
     for every call)."""
@@ -232,10 +278,11 @@ def mark_used(op: str) -> None:
 
 def used() -> dict:
     """What the native kernels did in this process, for summary.json: the library's state
-    (``reason()``), the AMX kernels' (or "not checked" when nothing asked for them), and the
-    ops that ran on a kernel since the start or ``reset_used()`` (sorted; empty when none did).
-    Builds and checks nothing."""
-    return {"native": _state["reason"], "amx": _amx.get("reason", "not checked"), "ops": sorted(_used)}
+    (``reason()``), the AMX kernels' and the AVX-512-BF16 weight gradient's (or "not checked"
+    when nothing asked for them), and the ops that ran on a kernel since the start or
+    ``reset_used()`` (sorted; empty when none did). Builds and checks nothing."""
+    return {"native": _state["reason"], "amx": _amx.get("reason", "not checked"),
+            "avx512_bf16_wgrad": _vector.get("reason", "not checked"), "ops": sorted(_used)}
 
 
 def reset_used() -> None:

@@ -1,4 +1,4 @@
-"""The weight gradient of 3x3 convolutions on the AMX matrix engine (``csrc/wgrad.c``).
+"""The weight gradient of 3x3 convolutions on the AMX matrix engine, or AVX-512-BF16 (``csrc/wgrad.c``).
 
 oneDNN's bf16 backward-weights kernel ran the fast net's convolutions (4-96 channels, 14x14
 to 4x4 maps, batch 384) at 2-4x the time of their forward convolutions: its reduction runs
@@ -6,9 +6,10 @@ over all N*H*W pixels with only O x 9C outputs. ``wgrad.c`` splits the pixels ac
 threads, packs them in L2-sized chunks and accumulates on AMX tiles (BENCHMARKS.md).
 ``weight_grad_reference`` is the PyTorch op it matches.
 
-Needs a CPU with AMX (``amx_bf16``) and a Linux kernel that grants its register state;
-``kernels.amx_available`` checks that once, and anything else (no AMX, another shape,
-``MNISTFLOW_AMX=0``) takes PyTorch's gradient.
+Needs a CPU with AMX (``amx_bf16``) and a Linux kernel that grants its register state
+(``kernels.amx_available``), or AVX-512-BF16 without AMX (Zen 4 and 5: the same packing, the
+products on vdpbf16ps; ``kernels.wgrad_engine``); anything else (another CPU, another shape)
+takes PyTorch's gradient. The first layer's fused conv + max-pool forward is AMX's alone.
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
-from mnistflow.kernels import amx_available, library, mark_used, pool, threads
+from mnistflow.kernels import amx_available, library, mark_used, pool, threads, wgrad_engine
 from mnistflow.kernels.pool import nhwc
 
 
@@ -27,11 +28,14 @@ def supports(x: torch.Tensor, out_channels: int) -> bool:
     c = x.shape[1] if x.dim() == 4 else 0
     return (x.device.type == "cpu" and x.dim() == 4 and x.dtype == torch.bfloat16 and x.numel() > 0
             and out_channels % 16 == 0 and (c % 16 == 0 or 3 * c <= 16) and nhwc(x)
-            and not torch.jit.is_tracing() and not torch.compiler.is_compiling() and amx_available())
+            and not torch.jit.is_tracing() and not torch.compiler.is_compiling() and wgrad_engine() is not None)
 
 
 def _check(rc: int, kernel: str, x: torch.Tensor, out_channels: int) -> None:
-    """The kernels' return codes: 0 done, 1 out of memory, else a shape they do not take."""
+    """The kernels' return codes: 0 done, 1 out of memory, -1 a path this build lacks, else a
+    shape they do not take."""
+    if rc == -1:
+        raise NotImplementedError(f"{kernel} kernel: not in this build (the compiler did not target it)")
     if rc == 1:
         raise MemoryError(f"{kernel} kernel: out of memory")
     if rc:
@@ -46,20 +50,24 @@ def weight_grad_reference(x: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
                                                [False, True, False])[1]
 
 
-def _weight_grad(lib, x: torch.Tensor, g: torch.Tensor, code: torch.Tensor | None = None) -> torch.Tensor:
+def _weight_grad(lib, x: torch.Tensor, g: torch.Tensor, code: torch.Tensor | None = None,
+                 tiles: bool | None = None) -> torch.Tensor:
     """dW (O, C, 3, 3) fp32 from x (N, C, H, W) and the output gradient g; with ``code``, g is
     the gradient of the 2x2 max-pool that follows (N, O, ceil(H/2), ceil(W/2)) and ``code``
-    the pool kernel's winners (``pool._forward``)."""
+    the pool kernel's winners (``pool._forward``). ``tiles``: AMX (True) or AVX-512-BF16
+    (False); None: AMX where ``amx_available``."""
+    if tiles is None:
+        tiles = amx_available()
     n, c, h, w = x.shape
     o = g.shape[1]
     if g.dtype != x.dtype or not nhwc(g):
         g = g.to(x.dtype).contiguous(memory_format=torch.channels_last)
     dw = torch.empty((o, 3, 3, c), dtype=torch.float32)  # (O, kh, kw, C): channels-last weights
     if code is None:
-        rc = lib.conv3x3_wgrad_bf16(x.data_ptr(), g.data_ptr(), dw.data_ptr(), n, h, w, c, o, threads())
+        rc = lib.conv3x3_wgrad_bf16(x.data_ptr(), g.data_ptr(), dw.data_ptr(), n, h, w, c, o, threads(), int(tiles))
     else:
         rc = lib.conv3x3_maxpool_wgrad_bf16(x.data_ptr(), g.data_ptr(), code.data_ptr(), dw.data_ptr(),
-                                            n, h, w, c, o, threads())
+                                            n, h, w, c, o, threads(), int(tiles))
     _check(rc, "weight-gradient", x, o)
     return dw.permute(0, 3, 1, 2)
 
@@ -107,12 +115,12 @@ class _Conv3x3MaxPool(torch.autograd.Function):
     """``max_pool2d(conv2d(x, w.to(bf16), padding=1), 2, ceil_mode=True)`` for an input that
     needs no gradient (a net's first layer). Neither the convolution's output nor its gradient
     (at the fast net's first stage 4.8 MB each per step) is written and read back: the forward
-    pools on the fly (for 3C <= 16), the backward takes the weight gradient straight from the
-    pool's gradient and winner codes."""
+    pools on the fly (for 3C <= 16, on AMX), the backward takes the weight gradient straight
+    from the pool's gradient and winner codes (AMX or AVX-512-BF16)."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        if 3 * x.shape[1] <= 16:  # few input channels: the fused kernel, no conv-sized output
+        if 3 * x.shape[1] <= 16 and amx_available():  # few input channels: the fused kernel
             pooled, code = _conv_max_pool(library(), x, weight.to(torch.bfloat16))
         else:
             y = F.conv2d(x, weight.to(torch.bfloat16), padding=1)
@@ -133,11 +141,11 @@ def conv3x3_maxpool(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """``max_pool2d(conv3x3(x, weight), 2, ceil_mode=True)`` for an ``x`` that needs no
     gradient; the caller checks ``supports``. Without a gradient to compute (evaluation), for
     3C <= 16, the fused forward alone: at the fast net's first layer the evaluation of 10,000
-    images no longer writes and reads back a 125 MB convolution output."""
+    images no longer writes and reads back a 125 MB convolution output (AMX only)."""
     if x.requires_grad:
         raise ValueError("conv3x3_maxpool: the input must not need a gradient")
     mark_used("conv3x3_maxpool")
-    if not (torch.is_grad_enabled() and weight.requires_grad) and 3 * x.shape[1] <= 16:
+    if not (torch.is_grad_enabled() and weight.requires_grad) and 3 * x.shape[1] <= 16 and amx_available():
         return _conv_max_pool(library(), x, weight.to(torch.bfloat16), codes=False)[0]
     return _Conv3x3MaxPool.apply(x, weight)
 
@@ -149,27 +157,30 @@ def conv3x3(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return _Conv3x3.apply(x, weight)
 
 
-def self_check(lib) -> None:
+def self_check(lib, tiles: bool = True) -> None:
     """Compare with PyTorch on small inputs (both packing paths, a partial last chunk, border
-    pixels, odd sizes for the pool); raise on a difference beyond float-sum order and bf16
-    rounding."""
+    pixels, odd sizes for the pool), on AMX (``tiles``) or AVX-512-BF16; raise on a difference
+    beyond float-sum order and bf16 rounding."""
     gen = torch.Generator().manual_seed(0)
     for n, c, o, h, w in ((3, 16, 32, 5, 7), (2, 4, 16, 6, 3), (1, 1, 16, 2, 2)):
         x = torch.randn(n, c, h, w, generator=gen).to(torch.bfloat16).contiguous(memory_format=torch.channels_last)
         g = torch.randn(n, o, h, w, generator=gen).to(torch.bfloat16).contiguous(memory_format=torch.channels_last)
-        got = _weight_grad(lib, x, g)
+        got = _weight_grad(lib, x, g, tiles=tiles)
         want = weight_grad_reference(x.float(), g.float())
         if not torch.allclose(got, want, rtol=1e-4, atol=1e-4 * want.abs().max().item()):
             raise RuntimeError("the weight-gradient kernel disagrees with PyTorch: miscompiled?")
-    # the first layer's node: the fused forward, and the weight gradient from the pool's
+    # the first layer's node: the forward (fused on AMX), and the weight gradient from the pool's
     x = torch.randn(2, 4, 5, 7, generator=gen).to(torch.bfloat16).contiguous(memory_format=torch.channels_last)
     w = torch.randn(16, 4, 3, 3, generator=gen).to(torch.bfloat16)
     xr, wr = x.float(), w.float().requires_grad_()
     want = F.max_pool2d(F.conv2d(xr, wr, padding=1).to(torch.bfloat16).float(), 2, ceil_mode=True)  # pools bf16
-    got, code = _conv_max_pool(lib, x, w)
+    if tiles:
+        got, code = _conv_max_pool(lib, x, w)
+    else:
+        got, code = pool._forward(lib, F.conv2d(x, w, padding=1).contiguous(memory_format=torch.channels_last))
     gp = torch.randn(want.shape, generator=gen).to(torch.bfloat16).contiguous(memory_format=torch.channels_last)
     want.backward(gp.float())
-    dw = _weight_grad(lib, x, gp, code)
+    dw = _weight_grad(lib, x, gp, code, tiles=tiles)
     scale = wr.grad.abs().max().item()
     if not (torch.allclose(got.float(), want.detach(), rtol=1e-2, atol=1e-2)
             and torch.allclose(dw, wr.grad, rtol=1e-4, atol=1e-4 * scale)):

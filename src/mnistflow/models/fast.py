@@ -15,9 +15,10 @@
 * 32 channels in the first stage, not 24: the same step time (32 fills the bf16 vectors of the
   channels-last batch norm and pooling kernels; 24 left them on slower paths) and a better
   worst seed (99.11% vs 99.06% test on 3 seeds).
-* The convolutions take their weight gradient from mnistflow's AMX kernel on CPUs that have
-  AMX, else (at 4x4 and below) as a convolution over the batch axis (``FastConv2d``):
-  oneDNN's own ran 2-4x slower than the forward at these sizes.
+* The convolutions take their weight gradient from mnistflow's kernel on CPUs that have AMX or
+  AVX-512-BF16 (``kernels.wgrad``), else (at 4x4 and below) as a convolution over the batch
+  axis (``FastConv2d``): oneDNN's own ran 2-4x slower than the forward at these sizes on AMX
+  CPUs, 1.5-2.2x on a Zen 4.
 * Max-pooling and batch norm + ReLU run on mnistflow's native kernels on CPUs
   (``layers.MaxPool2x2``, ``layers.BatchNormReLU2d``): PyTorch's max-pool was ~20% of the
   step at the first stage.
@@ -68,8 +69,8 @@ class FastConv2d(nn.Conv2d):
     """A stride-1, odd-kernel, SAME, bias-free ``nn.Conv2d`` with a faster weight gradient
     when training on CPUs:
 
-    * 3x3 under bf16 autocast on a CPU with AMX: the native kernel's
-      (``kernels.wgrad``; oneDNN's took 2-4x the forward's time at these sizes);
+    * 3x3 under bf16 autocast on a CPU with AMX or AVX-512-BF16: the native kernel's
+      (``kernels.wgrad``; oneDNN's took 1.5-4x the forward's time at these sizes);
     * otherwise, on maps of at most 4x4: a convolution over the batch axis
       (``_WeightGradOverBatch``).
 
@@ -85,7 +86,7 @@ class FastConv2d(nn.Conv2d):
         if (torch.jit.is_tracing() or x.device.type != "cpu" or not torch.is_grad_enabled()
                 or not self.weight.requires_grad):
             return super().forward(x)
-        xb = self._amx_input(x)
+        xb = self._kernel_input(x)
         if xb is not None:
             with torch.autocast("cpu", enabled=False):
                 return wgrad.conv3x3(xb, self.weight)  # fp32 weight in, fp32 gradient out
@@ -100,18 +101,19 @@ class FastConv2d(nn.Conv2d):
 
     def forward_pooled(self, x: torch.Tensor, pool: MaxPool2x2) -> torch.Tensor:
         """``pool(self(x))``; for an input that needs no gradient (the first layer), under bf16
-        autocast, with the AMX kernel: one node (``kernels.wgrad.conv3x3_maxpool``) that pools
-        the convolution on the fly and, in training, takes the weight gradient straight from
-        the pool's."""
-        xb = self._amx_input(x) if not x.requires_grad and pool.ceil_mode else None
+        autocast, with the weight-gradient kernel: one node (``kernels.wgrad.conv3x3_maxpool``)
+        that, in training, takes the weight gradient straight from the pool's (and on AMX pools
+        the convolution on the fly)."""
+        xb = self._kernel_input(x) if not x.requires_grad and pool.ceil_mode else None
         if xb is not None:
             with torch.autocast("cpu", enabled=False):
                 return wgrad.conv3x3_maxpool(xb, self.weight)
         return pool(self(x))
 
-    def _amx_input(self, x: torch.Tensor) -> torch.Tensor | None:
-        """``x`` cast to bf16 (as autocast would) when this 3x3 convolution can take the AMX
-        kernels: on a CPU, under bf16 autocast, outside tracing, a shape they take; else None."""
+    def _kernel_input(self, x: torch.Tensor) -> torch.Tensor | None:
+        """``x`` cast to bf16 (as autocast would) when this 3x3 convolution can take the
+        weight-gradient kernel: on a CPU, under bf16 autocast, outside tracing, a shape it
+        takes; else None."""
         if (self.kernel_size != (3, 3) or x.device.type != "cpu" or torch.jit.is_tracing()
                 or not torch.is_autocast_enabled("cpu") or torch.get_autocast_dtype("cpu") != torch.bfloat16):
             return None

@@ -58,15 +58,17 @@ MNISTFLOW_API void col2im_bf16(const uint16_t *gc, uint16_t *gx, int64_t N, int6
 MNISTFLOW_API void col2im_f32(const float *gc, float *gx, int64_t N, int64_t H, int64_t W, int64_t C, int64_t K,
                               int threads);
 
-/* wgrad.c (AMX): 0 when this process may use the AMX tiles, else 1 (no AMX in this build,
- * CPU or OS). The weight gradient of a 3x3 padding-1 convolution: x (N, H, W, C), g (N, H, W, O)
- * -> dw (O, 3, 3, C) fp32; or from a following 2x2 max-pool's gradient gp and winner codes; and
- * that pool of the convolution in one pass (code NULL: inference), w (O, C, 3, 3) bf16. */
+/* wgrad.c (AMX, AVX-512-BF16): 0 when this process may use the AMX tiles, else 1 (no AMX in
+ * this build, CPU or OS). The weight gradient of a 3x3 padding-1 convolution: x (N, H, W, C),
+ * g (N, H, W, O) -> dw (O, 3, 3, C) fp32, on AMX tiles (tiles 1) or AVX-512-BF16 (tiles 0); or
+ * from a following 2x2 max-pool's gradient gp and winner codes; and (AMX) that pool of the
+ * convolution in one pass (code NULL: inference), w (O, C, 3, 3) bf16. */
 MNISTFLOW_API int amx_request(void);
 MNISTFLOW_API int conv3x3_wgrad_bf16(const uint16_t *x, const uint16_t *g, float *dw, int64_t N, int64_t H,
-                                     int64_t W, int64_t C, int64_t O, int threads);
+                                     int64_t W, int64_t C, int64_t O, int threads, int tiles);
 MNISTFLOW_API int conv3x3_maxpool_wgrad_bf16(const uint16_t *x, const uint16_t *gp, const uint8_t *code, float *dw,
-                                             int64_t N, int64_t H, int64_t W, int64_t C, int64_t O, int threads);
+                                             int64_t N, int64_t H, int64_t W, int64_t C, int64_t O, int threads,
+                                             int tiles);
 MNISTFLOW_API int conv3x3_maxpool_forward_bf16(const uint16_t *x, const uint16_t *w, uint16_t *y, uint8_t *code,
                                                int64_t N, int64_t H, int64_t W, int64_t C, int64_t O, int threads);
 
