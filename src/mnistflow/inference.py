@@ -70,8 +70,8 @@ def evaluate(model_path: str | Path, split: str = "test", *, data: str | Path | 
     precision = _eval_precision(precision, model_path, dev)
     res = run_eval(model, loader, Amp.create(precision, dev), info.num_classes, confusion=True, tta=tta,
                    mirror=mirror)
-    res.update(split=split, tta=tta, precision=precision, tta_mirror=bool(tta) and mirror, model=info.model, class_names=info.class_names,
-               label_values=info.values, records=str(rec.path))
+    res.update(split=split, tta=tta, precision=precision, tta_mirror=bool(tta) and mirror, model=info.model,
+               class_names=info.class_names, label_values=info.values, records=str(rec.path))
     return res
 
 
@@ -84,7 +84,7 @@ def _eval_precision(precision: str, model_path: str | Path, dev: torch.device) -
         ran = json.loads(summary.read_text()).get("precision") if summary.is_file() else None
     except (OSError, ValueError):
         ran = None  # an unreadable summary: the model is still evaluated, in fp32
-    return ran if ran in ("bf16", "fp16") and pick_precision("auto", dev) == ran else "fp32"
+    return "bf16" if ran == "bf16" and pick_precision("auto", dev) == "bf16" else "fp32"
 
 
 class _Relabelled:

@@ -12,8 +12,9 @@ Nothing depends on them: with no compiler, a failed build or check, a non-CPU de
 ``MNISTFLOW_KERNELS=0``, the callers use PyTorch's own ops (one warning says why). The AMX
 kernels (``wgrad``'s tile path, ``muon``, the first layer's fused conv + pool) need more: a CPU
 and OS with AMX (``amx_available``), else PyTorch's ops too (``MNISTFLOW_AMX=0``: always); the
-weight gradient also has an AVX-512-BF16 path for CPUs without AMX (``wgrad_engine``). Both variables take 1/on/true/yes or
-0/off/false/no; another value is an error (``check_environment``).
+weight gradient also has an AVX-512-BF16 path for CPUs without AMX (``wgrad_engine``). Both
+variables take 1/on/true/yes or 0/off/false/no; another value is an error
+(``check_environment``).
 
 Threads: the library links ``libgomp.so.1``, which resolves to the OpenMP runtime torch has
 already loaded, so the kernels share torch's thread pool and ``torch.get_num_threads()``. If a
@@ -191,34 +192,44 @@ def library() -> ctypes.CDLL | None:
     return lib
 
 
+def _verdict(state: dict, key, why_not: str | None, check, what: str) -> bool:
+    """Whether a group of kernels may run, decided once per ``key`` and kept in ``state`` (key,
+    ok, reason): ``why_not`` (a reason they cannot) or else ``check()``, their self-checks against
+    PyTorch, run with autograd on whatever mode the caller is in. A path the build lacks
+    (``NotImplementedError``) falls back quietly; a wrong result or a failed call, with one warning."""
+    if state.get("key") != key:
+        ok, why = False, why_not
+        if why is None:
+            try:
+                with torch.inference_mode(False), torch.enable_grad(), torch.autocast("cpu", enabled=False):
+                    check()
+                ok, why = True, "loaded"
+            except NotImplementedError as e:
+                why = f"unavailable: {e}"
+            except Exception as e:  # noqa: BLE001 -- PyTorch's ops instead, said once
+                from mnistflow.core.log import warn
+                why = f"unavailable: {e}"
+                warn(f"the {what} {why}; using PyTorch's ops (slower)")
+        state.update(key=key, ok=ok, reason=why)
+    return state["ok"]
+
+
 def amx_available() -> bool:
     """The kernel library is loaded, this CPU and OS run AMX, and the AMX kernels (``wgrad``'s
     and ``muon``'s) agreed with their torch references on small inputs (checked once per loaded
     library); ``amx_reason()`` is the doctor's "AMX kernels" line."""
     off = not _switch(AMX_ENV)
     lib = None if off else library()
-    if _amx.get("key") != (off, id(lib)):
-        ok = False
-        if off:
-            why = "off (MNISTFLOW_AMX=0)"
-        elif lib is None:
-            why = "native kernels not loaded"
-        elif lib.amx_request() != 0:
-            why = "unavailable: no AMX (this CPU, the OS or the compiler)"
-        else:
-            try:
-                from mnistflow.kernels import muon, wgrad
+    why_not = ("off (MNISTFLOW_AMX=0)" if off else "native kernels not loaded" if lib is None
+               else "unavailable: no AMX (this CPU, the OS or the compiler)" if lib.amx_request() != 0 else None)
 
-                with torch.inference_mode(False), torch.enable_grad(), torch.autocast("cpu", enabled=False):
-                    wgrad.self_check(lib)
-                    muon.self_check(lib)
-                ok, why = True, "loaded"
-            except Exception as e:  # noqa: BLE001 -- a wrong result or a failed call: PyTorch's ops, said once
-                from mnistflow.core.log import warn
-                why = f"unavailable: {e}"
-                warn(f"the AMX kernels are {why}; using PyTorch's ops (slower)")
-        _amx.update(key=(off, id(lib)), ok=ok, reason=why)
-    return _amx["ok"]
+    def check():
+        from mnistflow.kernels import muon, wgrad
+
+        wgrad.self_check(lib)
+        muon.self_check(lib)
+
+    return _verdict(_amx, (off, id(lib)), why_not, check, "AMX kernels are")
 
 
 def amx_reason() -> str:
@@ -234,30 +245,19 @@ def wgrad_engine() -> str | None:
     (PyTorch's gradient)."""
     if amx_available():
         return "amx"
+    from mnistflow.runtime.cpu import cpu_flags
+
     lib = library()
-    if _vector.get("key") != id(lib):
-        from mnistflow.runtime.cpu import cpu_flags
+    why_not = ("native kernels not loaded" if lib is None
+               else "unavailable: no AVX-512-BF16" if "avx512_bf16" not in cpu_flags() else None)
 
-        ok = False
-        if lib is None:
-            why = "native kernels not loaded"
-        elif "avx512_bf16" not in cpu_flags():
-            why = "unavailable: no AVX-512-BF16"
-        else:
-            try:
-                from mnistflow.kernels import wgrad
+    def check():
+        from mnistflow.kernels import wgrad
 
-                with torch.inference_mode(False), torch.enable_grad(), torch.autocast("cpu", enabled=False):
-                    wgrad.self_check(lib, tiles=False)
-                ok, why = True, "loaded"
-            except NotImplementedError as e:  # the compiler did not build the path: quietly PyTorch's
-                why = f"unavailable: {e}"
-            except Exception as e:  # noqa: BLE001 -- a wrong result or a failed call: PyTorch's, said once
-                from mnistflow.core.log import warn
-                why = f"unavailable: {e}"
-                warn(f"the AVX-512-BF16 weight-gradient kernel is {why}; using PyTorch's (slower)")
-        _vector.update(key=id(lib), ok=ok, reason=why)
-    return "avx512-bf16" if _vector["ok"] else None
+        wgrad.self_check(lib, tiles=False)
+
+    ok = _verdict(_vector, id(lib), why_not, check, "AVX-512-BF16 weight-gradient kernel is")
+    return "avx512-bf16" if ok else None
 
 
 def wgrad_reason() -> str:
