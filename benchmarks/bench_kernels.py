@@ -5,13 +5,14 @@
 
 Rows: each kernel (forward + backward where it has one) at the fast net's shapes (batch 384,
 channels-last, in the precision the recipes train in on this CPU: ``--precision auto``, bf16 on
-CPUs with AMX or AVX-512-BF16, else fp32; the weight-gradient rows on CPUs with either), then a training step
-of each recipe's net (fast, fast-wide and fast-deep with Muon, seed-cnn with Adam) with the
-kernels on and off (``MNISTFLOW_KERNELS=0``, switched in process), then whole `fast` recipe
-runs from prepared MNIST records, kernels on and off, seed by seed (``--recipe-seeds``; none:
-skip; ``--data``: the MNIST files). Everything is measured interleaved, round after round,
-and each step figure is the median over rounds of the best of 5 calls: this VM's speed drifts
-by 1.5x over seconds, and interleaving puts both sides of a ratio in the same drift.
+CPUs with AMX or AVX-512-BF16, else fp32; the weight-gradient and Newton-Schulz rows on CPUs
+with either), then a training step of each recipe's net (fast, fast-wide and fast-deep with
+Muon, seed-cnn with Adam) with the kernels on and off (``MNISTFLOW_KERNELS=0``, switched in
+process), then whole `fast` recipe runs from prepared MNIST records, kernels on and off, seed
+by seed (``--recipe-seeds``; none: skip; ``--data``: the MNIST files). Everything is measured
+interleaved, round after round, and each step figure is the median over rounds of the best of 5
+calls: this VM's speed drifts by 1.5x over seconds, and interleaving puts both sides of a ratio
+in the same drift.
 """
 from __future__ import annotations
 
@@ -110,18 +111,19 @@ def op_pairs() -> list[tuple[str, object, object]]:
         x = torch.randn(B, c, 4, 4).to(DT).contiguous(memory_format=CL)
         pairs.append((f"batch/channel swap {c}x4x4", lambda x=x: x.transpose(0, 1).contiguous(memory_format=CL),
                       lambda x=x: swap_batch_channels(x)))
-    return pairs + wgrad_pairs()
+    return pairs + bf16_pairs()
 
 
-def wgrad_pairs() -> list[tuple[str, object, object]]:
-    """The weight-gradient kernel (AMX, or AVX-512-BF16 on CPUs without AMX) against oneDNN's,
-    and the first conv + max-pool node against PyTorch's two layers; none without either."""
+def bf16_pairs() -> list[tuple[str, object, object]]:
+    """The bf16 matrix kernels (AMX, or AVX-512-BF16 on CPUs without AMX): the weight gradient
+    against oneDNN's, the first conv + max-pool node against PyTorch's two layers, Muon's
+    Newton-Schulz on a net's matrices against PyTorch's iteration; none without either."""
     from mnistflow import kernels
-    from mnistflow.kernels import wgrad
+    from mnistflow.kernels import muon, wgrad
 
-    engine = kernels.wgrad_engine()
+    engine = kernels.bf16_engine()
     if engine is None:
-        print(f"(no weight-gradient rows: {kernels.wgrad_reason()})")
+        print(f"(no weight-gradient rows: {kernels.bf16_reason()})")
         return []
     name = "AMX" if engine == "amx" else "AVX-512-BF16"
     pairs = []
@@ -142,6 +144,11 @@ def wgrad_pairs() -> list[tuple[str, object, object]]:
 
     pairs.append(("first conv 4->32 14x14 + max-pool, fwd+bwd (PyTorch vs one node)", ref,
                   lambda x=x, w=w, gp=gp: wgrad.conv3x3_maxpool(x, w).backward(gp)))
+    for net, shapes in (("fast", ((48, 288), (192, 432))), ("fast-wide", ((64, 36), (128, 576), (256, 1152)))):
+        mats = [torch.randn(*shape) for shape in shapes]  # the Muon matrices (out, fan_in) of a step
+        pairs.append((f"Muon's Newton-Schulz, {net}'s matrices, 3 steps (PyTorch vs {name})",
+                      lambda mats=mats: [muon.orthogonalize(m, 3) for m in mats],
+                      lambda mats=mats: muon.newton_schulz(mats, 3)))
     return pairs
 
 
@@ -212,7 +219,7 @@ def main() -> None:
         sys.exit(f"bench_kernels: the kernels are {kernels.reason()}")
     print(machine())
     print(f"precision {precision} (--precision {args.precision}); AMX: {kernels.amx_reason()}; "
-          f"weight gradient: {kernels.wgrad_reason()}", flush=True)
+          f"weight gradient: {kernels.bf16_reason()}", flush=True)
     rows = []
     for name, ref, ker in op_pairs():
         t = interleaved({"ref": ref, "ker": ker}, args.rounds)

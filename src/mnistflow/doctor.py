@@ -32,7 +32,7 @@ def diagnose() -> dict:
         "omp_wait_policy": _omp_wait_policy(),
         "native_kernels": kernels.reason(),
         "amx_kernels": kernels.amx_reason(),
-        "wgrad_kernel": kernels.wgrad_reason(),
+        "bf16_kernels": kernels.bf16_reason(),
         "mnistflow_home": str(home()),
         "mnistflow_data": os.environ.get("MNISTFLOW_DATA", "(unset)"),
         "optional": {"tensorboard": _has("tensorboard"), "onnxruntime": _has("onnxruntime"),
@@ -76,7 +76,7 @@ def diagnose() -> dict:
                     "holds a core")
     if not facts["native_kernels"].startswith(("loaded", "off")):
         recs.append("install a C compiler with OpenMP (Debian: apt-get install gcc) for mnistflow's native "
-                    "CPU kernels (max-pool, batch norm + ReLU, and on AMX CPUs the convolutions' weight gradient and "
+                    "CPU kernels (max-pool, batch norm + ReLU, and on AMX or AVX-512-BF16 CPUs the convolutions' weight gradient and "
                     "Muon's orthogonalization): the fast recipe trains ~1.5x faster with them (BENCHMARKS.md)")
     if not facts["optional"]["tensorboard"]:
         recs.append("pip install tensorboard to get event files")
@@ -122,7 +122,7 @@ def format_report(d: dict) -> str:
     rows += [("CPU", d["cpu"]), ("CPU features", " ".join(d["cpu_features"]) or "-"),
              ("cores / threads", f"{d['cores']} / {d['torch_threads']}"),
              ("OMP_WAIT_POLICY", d["omp_wait_policy"]), ("native kernels", d["native_kernels"]),
-             ("AMX kernels", d["amx_kernels"]), ("conv weight gradient", d["wgrad_kernel"]),
+             ("AMX kernels", d["amx_kernels"]), ("weight gradient, Muon", d["bf16_kernels"]),
              ("data", d["mnistflow_data"]), ("cache", d["mnistflow_home"])]
     rows += [(f"  {k}", "installed" if v else "missing") for k, v in d["optional"].items()]
     w = max(len(k) for k, _ in rows)

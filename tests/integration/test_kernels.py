@@ -221,7 +221,7 @@ def test_a_fast_net_step_on_the_kernels_matches_one_on_pytorchs_ops(rebuilt):
     assert any(type(m).__name__ == "BatchNormReLU2d" for m in model.modules())
     used = kernels.used()  # what summary.json records: the ops that ran on a kernel
     assert used["native"].startswith("loaded") and {"maxpool2x2", "bnrelu"} <= set(used["ops"])
-    assert ("conv3x3_wgrad" in used["ops"]) == (kernels.wgrad_engine() is not None)
+    assert ("conv3x3_wgrad" in used["ops"]) == (kernels.bf16_engine() is not None)
     with torch.no_grad():
         model.eval()(x)
     assert "bnrelu_eval" in kernels.used()["ops"]
@@ -306,28 +306,28 @@ def test_weight_gradient_matches_a_float64_reference(n, c, o, h, w, tiles):
     assert torch.allclose(got.double(), want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
 
 
-def test_on_a_cpu_with_avx512_bf16_and_no_amx_the_weight_gradient_runs_on_the_vector_path(monkeypatch):
-    """Zen 4 and 5: no AMX, but the weight gradient is the kernel's, and says so; without
-    AVX-512-BF16 as well (AVX2 only), PyTorch's."""
+def test_on_a_cpu_with_avx512_bf16_and_no_amx_the_bf16_kernels_run_on_the_vector_path(monkeypatch):
+    """Zen 4 and 5: no AMX, but the weight gradient and Muon's iteration are the kernels', and
+    say so; without AVX-512-BF16 as well (AVX2 only), PyTorch's."""
     from mnistflow.runtime import cpu
 
     lib = _engine(False).library()
     monkeypatch.setattr(lib, "amx_request", lambda: 1)
     monkeypatch.setattr(kernels, "_amx", {})
     monkeypatch.setattr(kernels, "_vector", {})
-    assert not kernels.amx_available() and kernels.wgrad_engine() == "avx512-bf16"
-    assert kernels.wgrad_reason() == "native kernel, AVX-512-BF16 (no AMX)"
-    assert kernels.used()["avx512_bf16_wgrad"] == "loaded"
+    assert not kernels.amx_available() and kernels.bf16_engine() == "avx512-bf16"
+    assert kernels.bf16_reason() == "native kernels, AVX-512-BF16 (no AMX)"
+    assert kernels.used()["avx512_bf16"] == "loaded"
     monkeypatch.setattr(cpu, "cpu_flags", lambda: frozenset({"avx2", "avx512f"}))
     monkeypatch.setattr(kernels, "_vector", {})
-    assert kernels.wgrad_engine() is None
-    assert kernels.wgrad_reason() == "PyTorch's (the AVX-512-BF16 kernel: unavailable: no AVX-512-BF16)"
+    assert kernels.bf16_engine() is None
+    assert kernels.bf16_reason() == "PyTorch's (the AVX-512-BF16 kernels: unavailable: no AVX-512-BF16)"
 
 
 def test_weight_gradient_takes_only_the_shapes_it_can():
     from mnistflow.kernels import wgrad
 
-    if kernels.wgrad_engine() is None:
+    if kernels.bf16_engine() is None:
         pytest.skip("no weight-gradient kernel on this machine")
     x = torch.randn(2, 16, 5, 5).to(torch.bfloat16).contiguous(memory_format=CL)
     assert wgrad.supports(x, 32)
@@ -347,7 +347,7 @@ def test_fast_conv_has_nn_conv2ds_values_and_gradients(c, o, size, autocast, amx
     from mnistflow.models import fast
 
     monkeypatch.setenv("MNISTFLOW_AMX", amx)
-    on_amx = autocast and kernels.wgrad_engine() is not None
+    on_amx = autocast and kernels.bf16_engine() is not None
     assert not (amx == "0" and kernels.amx_available())
     calls = {"amx": 0, "batch": 0}
     weight_grad, batch_apply = wgrad._weight_grad, fast._WeightGradOverBatch.apply
@@ -403,8 +403,9 @@ def test_conv_max_pool_node_matches_the_two_layers(n, c, o, h, w, tiles, monkeyp
 
 def test_without_amx_the_fast_net_trains_on_the_vector_kernel_or_pytorchs_gradients(monkeypatch):
     """A CPU (or OS, or compiler) without AMX: the doctor's reason says so, and a bf16 step of the
-    fast net takes the AVX-512-BF16 weight gradient where the CPU has it, else oneDNN's, and
-    PyTorch's Newton-Schulz: the same gradients as this machine's own step, either way."""
+    fast net takes the AVX-512-BF16 weight gradient where the CPU has it, else oneDNN's (and Muon
+    the AVX-512-BF16 Newton-Schulz kernel, else PyTorch's): the same gradients as this machine's
+    own step, either way."""
     from mnistflow.runtime import cpu
     from mnistflow.training import optim
 
@@ -417,14 +418,15 @@ def test_without_amx_the_fast_net_trains_on_the_vector_kernel_or_pytorchs_gradie
     here = _fast_step(copy.deepcopy(model), x, y, bf16=True)
     monkeypatch.setattr(lib, "amx_request", lambda: 1)
     monkeypatch.setattr(kernels, "_amx", {})
-    assert not kernels.amx_available() and not optim._amx_muon()
+    assert not kernels.amx_available()
+    assert optim._muon_kernel() == (kernels.bf16_engine() == "avx512-bf16")
     assert kernels.amx_reason() == "unavailable: no AMX (this CPU, the OS or the compiler)"
     kernels.reset_used()
     vector = _fast_step(copy.deepcopy(model), x, y, bf16=True)
-    assert ("conv3x3_wgrad" in kernels.used()["ops"]) == (kernels.wgrad_engine() == "avx512-bf16")
+    assert ("conv3x3_wgrad" in kernels.used()["ops"]) == (kernels.bf16_engine() == "avx512-bf16")
     monkeypatch.setattr(cpu, "cpu_flags", lambda: frozenset({"avx2"}))  # nor AVX-512-BF16
     monkeypatch.setattr(kernels, "_vector", {})
-    assert kernels.wgrad_engine() is None
+    assert kernels.bf16_engine() is None and not optim._muon_kernel()
     kernels.reset_used()
     plain = _fast_step(copy.deepcopy(model), x, y, bf16=True)
     assert "conv3x3_wgrad" not in kernels.used()["ops"]

@@ -1,36 +1,52 @@
-"""--optimizer muon on the real data and the native kernel: the AMX Newton-Schulz kernel, resume, one
-AMX step against PyTorch's. The PyTorch iteration, the parameter split and one step by hand are in
-tests/unit/test_kernels_muon.py."""
+"""--optimizer muon on the real data and the native kernel: the Newton-Schulz kernel on each engine
+this machine has (AMX tiles, AVX-512-BF16), resume, one kernel step against PyTorch's. The PyTorch
+iteration, the parameter split and one step by hand are in tests/unit/test_kernels_muon.py."""
 from __future__ import annotations
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from mnistflow.kernels.muon import newton_schulz
+from mnistflow.kernels.muon import _newton_schulz
 from mnistflow.models import create_model
 from mnistflow.training.optim import build_optimizer
 from mnistflow.training.loop import train
 
 
-def _amx_kernel():
+def _engine(tiles: bool) -> None:
+    """Skip unless this machine runs the kernel on that engine (AMX tiles, or AVX-512-BF16)."""
+    from mnistflow import kernels
+    from mnistflow.runtime.cpu import cpu_flags
+
+    if tiles and not kernels.amx_available():
+        pytest.skip(f"the AMX Newton-Schulz kernel needs a CPU with AMX ({kernels.amx_reason()})")
+    if not tiles and (kernels.library() is None or "avx512_bf16" not in cpu_flags()):
+        pytest.skip("the AVX-512-BF16 Newton-Schulz kernel needs a CPU with AVX-512-BF16")
+
+
+def _kernel():
     from mnistflow import kernels
 
-    if not kernels.amx_available():
-        pytest.skip(f"the AMX Newton-Schulz kernel needs a CPU with AMX ({kernels.amx_reason()})")
+    if kernels.bf16_engine() is None:
+        pytest.skip(f"no Newton-Schulz kernel on this machine ({kernels.bf16_reason()})")
 
 
-@pytest.mark.parametrize("shape", [(96, 432), (432, 96), (32, 36), (300, 1152), (20, 70)])
-def test_the_amx_kernel_keeps_the_directions_and_evens_the_singular_values(shape):
-    """The AMX kernel (bf16 products) as its PyTorch reference does (tests/unit/test_kernels_muon.py)."""
-    _amx_kernel()
+@pytest.mark.parametrize("tiles", [True, False], ids=["amx", "avx512-bf16"])
+@pytest.mark.parametrize("shape", [(96, 432), (432, 96), (32, 36), (300, 1152), (20, 70), (192, 432)])
+def test_the_kernel_keeps_the_directions_and_evens_the_singular_values(shape, tiles):
+    """The kernel (bf16 products) as its PyTorch reference does (tests/unit/test_kernels_muon.py),
+    on each engine: 300 rows pad to 304, 19 blocks of 16 (the vector path takes them in pairs),
+    and 432 columns to 448."""
+    from mnistflow import kernels
+
+    _engine(tiles)
     g = torch.Generator().manual_seed(0)
     # a badly conditioned matrix: singular values spread over three decades
     u, _ = torch.linalg.qr(torch.randn(shape[0], min(shape), generator=g))
     v, _ = torch.linalg.qr(torch.randn(shape[1], min(shape), generator=g))
     s = torch.logspace(0, -3, min(shape))
     m = u @ torch.diag(s) @ v.T
-    o = newton_schulz([m], 3)[0]
+    o = _newton_schulz(kernels.library(), [m], 3, tiles)[0]
     assert o.shape == m.shape and o.dtype == m.dtype
     o = o.double()
     # in the input's singular basis the output is diagonal, with every value in [0.5, 1.3]
@@ -55,11 +71,11 @@ def test_muon_resumes_bitwise(mnist_records, tmp_path):
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
-def test_a_muon_step_on_the_amx_kernel_matches_pytorchs_iteration(monkeypatch):
-    """One Muon step of the fast net with bf16 products (the Newton-Schulz kernel) and without
-    (PyTorch's fp32 iteration): the same update up to bf16 products, and identical for the
-    SGD-side parameters."""
-    _amx_kernel()
+def test_a_muon_step_on_the_kernel_matches_pytorchs_iteration(monkeypatch):
+    """One Muon step of the fast net with bf16 products (the Newton-Schulz kernel, on this
+    machine's engine) and without (PyTorch's fp32 iteration): the same update up to bf16
+    products, and identical for the SGD-side parameters."""
+    _kernel()
     import mnistflow.training.optim as optim
 
     torch.manual_seed(0)
@@ -68,7 +84,7 @@ def test_a_muon_step_on_the_amx_kernel_matches_pytorchs_iteration(monkeypatch):
     before = {n: p.detach().clone() for n, p in models[0].named_parameters()}
     grads = {n: torch.randn_like(p) for n, p in models[0].named_parameters()}
     calls = []
-    monkeypatch.setattr(optim, "_amx_muon", lambda: calls.append(1) or True)
+    monkeypatch.setattr(optim, "_muon_kernel", lambda: calls.append(1) or True)
     for model, bf16 in zip(models, (True, False)):
         opt = build_optimizer("muon", model.parameters(), 0.5, nesterov=True, weight_decay=5e-4, muon_lr=0.1,
                               bf16_products=bf16)

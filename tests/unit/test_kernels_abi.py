@@ -88,7 +88,7 @@ def test_a_wrong_binding_is_caught():
         "bnrelu_eval_f32": ([p, p, p, p, i64, n, n], None),  # int where C has int64_t
         "swap_nc_u16": ([p, p, i64, i64, i64, n], n),  # a void function read as int
         "bnrelu_forward_f32": ([p] * 8 + [i64, i64, ctypes.c_float, ctypes.c_double, n], n),  # float for double
-        "newton_schulz_bf16": ([n, p, ctypes.POINTER(n), p, n, n], n),  # int* for int64_t*
+        "newton_schulz_bf16": ([n, p, ctypes.POINTER(n), p, n, n, n], n),  # int* for int64_t*
     }
     for name, wrong in bad.items():
         assert len(mismatches(decls, {**sig, name: wrong})) == 1, name

@@ -70,7 +70,7 @@ def test_without_the_library_the_modules_are_pytorchs_ops():
     assert not wgrad.supports(x.bfloat16(), 16)
     assert torch.equal(layout.swap_batch_channels(x), layout.swap_reference(x))
     assert kernels.used() == {"native": "off (MNISTFLOW_KERNELS=0)", "amx": "native kernels not loaded",
-                              "avx512_bf16_wgrad": "native kernels not loaded", "ops": []}
+                              "avx512_bf16": "native kernels not loaded", "ops": []}
 
 
 def test_amx_off_says_so(monkeypatch):
@@ -82,7 +82,7 @@ def test_used_records_ops_once_sorted_and_builds_nothing(monkeypatch):
     monkeypatch.setattr(kernels, "build", lambda *a: pytest.fail("used() must not build the library"))
     monkeypatch.setattr(kernels, "_state", {"reason": "not loaded yet"})
     monkeypatch.setattr(kernels, "_vector", {})
-    assert kernels.used() == {"native": "not loaded yet", "amx": "not checked", "avx512_bf16_wgrad": "not checked",
+    assert kernels.used() == {"native": "not loaded yet", "amx": "not checked", "avx512_bf16": "not checked",
                               "ops": []}
     for op in ("maxpool2x2", "bnrelu", "maxpool2x2"):
         kernels.mark_used(op)

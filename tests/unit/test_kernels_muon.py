@@ -25,7 +25,7 @@ def _no_native_library(monkeypatch):
 
 def test_the_optimizer_uses_the_reference_beside_the_kernel():
     assert optim.orthogonalize is orthogonalize
-    assert not optim._amx_muon()  # no library: PyTorch's iteration
+    assert not optim._muon_kernel()  # no library: PyTorch's iteration
 
 
 @pytest.mark.parametrize("fast_bf16", [False, True])

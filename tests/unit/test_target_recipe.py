@@ -121,3 +121,20 @@ def test_on_fashion_mnist_the_shipped_figures_pick_mid_with_its_clothing_setting
     assert "recipe mid, the cheapest measured to reach it on fashion-mnist" in caplog.text
     assert resolve_config(target_acc=0.93, dataset="fashion-mnist").recipe == "best"
     assert resolve_config(target_acc=0.90, dataset="fashion-mnist").recipe == "fast-plus"
+
+
+def test_on_a_bf16_cpu_fashion_mnist_picks_by_that_cpus_own_fashion_figures(monkeypatch, caplog):
+    # The shipped bf16 table measured Fashion-MNIST too: there mid takes 63.9 s, not the fp32 CPU's 134
+    from mnistflow.training import setup
+
+    monkeypatch.setattr(recipes, "MEASURED", REAL)
+    monkeypatch.setattr(recipes, "MEASURED_BF16", REAL_BF16)
+    monkeypatch.setattr(setup, "cpu_has_fast_bf16", lambda: True)
+    assert resolve_config(target_acc=0.92, dataset="fashion-mnist", device="cpu").recipe == "mid"
+    lo, _, _, secs = REAL_BF16["fashion-mnist"]["mid"]
+    assert f"{secs:.3g} s on {recipes.MEASURED_BF16_ON}" in caplog.text
+    assert resolve_config(target_acc=lo + 1e-4, dataset="fashion-mnist", device="cpu").recipe == "best"
+    monkeypatch.setattr(setup, "cpu_has_fast_bf16", lambda: False)
+    caplog.clear()
+    assert resolve_config(target_acc=0.92, dataset="fashion-mnist", device="cpu").recipe == "mid"
+    assert f"on {recipes.MEASURED_ON}" in caplog.text

@@ -10,11 +10,11 @@ input before it is used. The ABI and how to add a kernel: README.md beside this 
 
 Nothing depends on them: with no compiler, a failed build or check, a non-CPU device, or
 ``MNISTFLOW_KERNELS=0``, the callers use PyTorch's own ops (one warning says why). The AMX
-kernels (``wgrad``'s tile path, ``muon``, the first layer's fused conv + pool) need more: a CPU
-and OS with AMX (``amx_available``), else PyTorch's ops too (``MNISTFLOW_AMX=0``: always); the
-weight gradient also has an AVX-512-BF16 path for CPUs without AMX (``wgrad_engine``). Both
-variables take 1/on/true/yes or 0/off/false/no; another value is an error
-(``check_environment``).
+kernels (``wgrad``'s and ``muon``'s tile paths, the first layer's fused conv + pool) need more:
+a CPU and OS with AMX (``amx_available``), else PyTorch's ops too (``MNISTFLOW_AMX=0``: always);
+the weight gradient and Muon's iteration also have AVX-512-BF16 paths for CPUs without AMX
+(``bf16_engine``). Both variables take 1/on/true/yes or 0/off/false/no; another value is an
+error (``check_environment``).
 
 Threads: the library links ``libgomp.so.1``, which resolves to the OpenMP runtime torch has
 already loaded, so the kernels share torch's thread pool and ``torch.get_num_threads()``. If a
@@ -67,12 +67,12 @@ SIGNATURES = {
     "conv3x3_wgrad_bf16": ([_P, _P, _P, _I, _I, _I, _I, _I, _N, _N], _N),
     "conv3x3_maxpool_wgrad_bf16": ([_P, _P, _P, _P, _I, _I, _I, _I, _I, _N, _N], _N),
     "conv3x3_maxpool_forward_bf16": ([_P, _P, _P, _P, _I, _I, _I, _I, _I, _N], _N),
-    "newton_schulz_bf16": ([_N, ctypes.POINTER(_P), ctypes.POINTER(_I), ctypes.POINTER(_I), _N, _N], _N),
+    "newton_schulz_bf16": ([_N, ctypes.POINTER(_P), ctypes.POINTER(_I), ctypes.POINTER(_I), _N, _N, _N], _N),
 }
 
 _state: dict = {"reason": "not loaded yet"}  # the library's
 _amx: dict = {}  # the AMX kernels': key (what it was checked for), ok, reason
-_vector: dict = {}  # the AVX-512-BF16 weight gradient's: key, ok, reason
+_vector: dict = {}  # the AVX-512-BF16 kernels' (weight gradient, Muon): key, ok, reason
 _used: set[str] = set()  # the ops that ran on a kernel (mark_used)
 
 
@@ -238,11 +238,11 @@ def amx_reason() -> str:
     return _amx["reason"]
 
 
-def wgrad_engine() -> str | None:
-    """Where the 3x3 convolutions' weight-gradient kernel (``wgrad``) runs: "amx" (the tiles:
-    ``amx_available``), "avx512-bf16" (a CPU with AVX-512-BF16 but no usable AMX, such as Zen 4
-    and 5: its vector path, checked against PyTorch once per loaded library), or None
-    (PyTorch's gradient)."""
+def bf16_engine() -> str | None:
+    """Where the bf16 matrix kernels (the 3x3 convolutions' weight gradient, ``wgrad``, and
+    Muon's Newton-Schulz iteration, ``muon``) run: "amx" (the tiles: ``amx_available``),
+    "avx512-bf16" (a CPU with AVX-512-BF16 but no usable AMX, such as Zen 4 and 5: their vector
+    paths, checked against PyTorch once per loaded library), or None (PyTorch's ops)."""
     if amx_available():
         return "amx"
     from mnistflow.runtime.cpu import cpu_flags
@@ -252,22 +252,23 @@ def wgrad_engine() -> str | None:
                else "unavailable: no AVX-512-BF16" if "avx512_bf16" not in cpu_flags() else None)
 
     def check():
-        from mnistflow.kernels import wgrad
+        from mnistflow.kernels import muon, wgrad
 
         wgrad.self_check(lib, tiles=False)
+        muon.self_check(lib, tiles=False)
 
-    ok = _verdict(_vector, id(lib), why_not, check, "AVX-512-BF16 weight-gradient kernel is")
+    ok = _verdict(_vector, id(lib), why_not, check, "AVX-512-BF16 kernels are")
     return "avx512-bf16" if ok else None
 
 
-def wgrad_reason() -> str:
-    """One line for ``mnistflow doctor``: where the convolutions' weight gradient runs."""
-    engine = wgrad_engine()
+def bf16_reason() -> str:
+    """One line for ``mnistflow doctor``: where the weight gradient and Muon's iteration run."""
+    engine = bf16_engine()
     if engine == "amx":
-        return "native kernel, AMX tiles"
+        return "native kernels, AMX tiles"
     if engine:
-        return "native kernel, AVX-512-BF16 (no AMX)"
-    return f"PyTorch's (the AVX-512-BF16 kernel: {_vector['reason']})"
+        return "native kernels, AVX-512-BF16 (no AMX)"
+    return f"PyTorch's (the AVX-512-BF16 kernels: {_vector['reason']})"
 
 
 def mark_used(op: str) -> None:
@@ -278,11 +279,11 @@ def mark_used(op: str) -> None:
 
 def used() -> dict:
     """What the native kernels did in this process, for summary.json: the library's state
-    (``reason()``), the AMX kernels' and the AVX-512-BF16 weight gradient's (or "not checked"
+    (``reason()``), the AMX kernels' and the AVX-512-BF16 kernels' (or "not checked"
     when nothing asked for them), and the ops that ran on a kernel since the start or
     ``reset_used()`` (sorted; empty when none did). Builds and checks nothing."""
     return {"native": _state["reason"], "amx": _amx.get("reason", "not checked"),
-            "avx512_bf16_wgrad": _vector.get("reason", "not checked"), "ops": sorted(_used)}
+            "avx512_bf16": _vector.get("reason", "not checked"), "ops": sorted(_used)}
 
 
 def reset_used() -> None:

@@ -8,7 +8,7 @@ threads, packs them in L2-sized chunks and accumulates on AMX tiles (BENCHMARKS.
 
 Needs a CPU with AMX (``amx_bf16``) and a Linux kernel that grants its register state
 (``kernels.amx_available``), or AVX-512-BF16 without AMX (Zen 4 and 5: the same packing, the
-products on vdpbf16ps; ``kernels.wgrad_engine``); anything else (another CPU, another shape)
+products on vdpbf16ps; ``kernels.bf16_engine``); anything else (another CPU, another shape)
 takes PyTorch's gradient. The first layer's fused conv + max-pool forward is AMX's alone.
 """
 from __future__ import annotations
@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
-from mnistflow.kernels import amx_available, library, mark_used, pool, threads, wgrad_engine
+from mnistflow.kernels import amx_available, library, mark_used, pool, threads, bf16_engine
 from mnistflow.kernels.pool import nhwc
 
 
@@ -28,7 +28,7 @@ def supports(x: torch.Tensor, out_channels: int) -> bool:
     c = x.shape[1] if x.dim() == 4 else 0
     return (x.device.type == "cpu" and x.dim() == 4 and x.dtype == torch.bfloat16 and x.numel() > 0
             and out_channels % 16 == 0 and (c % 16 == 0 or 3 * c <= 16) and nhwc(x)
-            and not torch.jit.is_tracing() and not torch.compiler.is_compiling() and wgrad_engine() is not None)
+            and not torch.jit.is_tracing() and not torch.compiler.is_compiling() and bf16_engine() is not None)
 
 
 def _check(rc: int, kernel: str, x: torch.Tensor, out_channels: int) -> None:

@@ -72,9 +72,10 @@ MNISTFLOW_API int conv3x3_maxpool_wgrad_bf16(const uint16_t *x, const uint16_t *
 MNISTFLOW_API int conv3x3_maxpool_forward_bf16(const uint16_t *x, const uint16_t *w, uint16_t *y, uint8_t *code,
                                                int64_t N, int64_t H, int64_t W, int64_t C, int64_t O, int threads);
 
-/* muon.c (AMX): count fp32 matrices xs[i] (rows[i] x cols[i], rows <= cols, row-major),
- * orthogonalized in place by `steps` Newton-Schulz steps with bf16 products. */
+/* muon.c (AMX, AVX-512-BF16): count fp32 matrices xs[i] (rows[i] x cols[i], rows <= cols,
+ * row-major), orthogonalized in place by `steps` Newton-Schulz steps with bf16 products, on AMX
+ * tiles (tiles 1) or AVX-512-BF16 (tiles 0). */
 MNISTFLOW_API int newton_schulz_bf16(int count, float **xs, const int64_t *rows, const int64_t *cols, int steps,
-                                     int threads);
+                                     int threads, int tiles);
 
 #endif
