@@ -202,7 +202,10 @@ int newton_schulz_bf16(int count, float **xs, const int64_t *rows, const int64_t
         _Pragma("omp parallel for num_threads(threads) schedule(dynamic) reduction(|:failed)")
         for (int i = 0; i < count; i++) failed |= newton_schulz(xs[i], rows[i], cols[i], steps, 1, 1);
     } else {
-        for (int i = 0; i < count; i++) failed |= newton_schulz(xs[i], rows[i], cols[i], steps, 0, threads);
+        for (int i = 0; i < count; i++) {  /* a small matrix on one thread: ~11 barriers per step cost more */
+            const int small = rows[i] * rows[i] * cols[i] < (1 << 21);  /* multiply-adds of S = X X^T */
+            failed |= newton_schulz(xs[i], rows[i], cols[i], steps, 0, small ? 1 : threads);
+        }
     }
     return failed;
 }
