@@ -67,10 +67,11 @@ static void pack_transposed(const uint16_t *a, int64_t lda, int64_t R, int64_t K
 }
 
 /* c (M x N fp32, ld ldc) = a (M x K bf16, ld lda) . B (packed, KT x NB tiles); M % 16 == 0.
- * tiles: on AMX (the caller configured them); else vdpbf16ps, each 16 x 16 block of c in 16
- * fp32 registers (row r += A[r]'s pair q broadcast . B's pair row q), the blocks over `threads`,
- * and where the product is symmetric (sym: S = X X^T, S S) only the blocks on and above the
- * diagonal, the others copied. */
+ * tiles: on AMX (the caller configured them); else vdpbf16ps, each 8-row x 32-column block of c
+ * (two B tiles side by side) in 16 fp32 registers (row r += A[r]'s pair q broadcast . B's pair
+ * row q: one broadcast feeds two products), the blocks over `threads`; where the product is
+ * symmetric (sym: S = X X^T, S S) only the 16 x 16 blocks on and above the diagonal, the others
+ * copied. */
 static void gemm(const uint16_t *a, int64_t lda, const uint16_t *bt, float *c, int64_t ldc, int64_t M,
                  int64_t KT, int64_t NB, int sym, int tiles, int threads) {
 #ifdef MUON_TILES
