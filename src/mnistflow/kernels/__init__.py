@@ -271,6 +271,18 @@ def bf16_reason() -> str:
     return f"PyTorch's (the AVX-512-BF16 kernels: {_vector['reason']})"
 
 
+def check_rc(rc: int, kernel: str, other: str = "failed") -> None:
+    """A kernel's return code as README.md's ABI defines it: 0 done; 1 out of memory
+    (``MemoryError``); -1 a path this build lacks (``NotImplementedError``, which
+    ``_verdict`` takes as a quiet fallback); anything else ``RuntimeError(kernel: other)``."""
+    if rc == -1:
+        raise NotImplementedError(f"{kernel} kernel: not in this build (the compiler did not target it)")
+    if rc == 1:
+        raise MemoryError(f"{kernel} kernel: out of memory")
+    if rc:
+        raise RuntimeError(f"{kernel} kernel: {other} (code {rc})")
+
+
 def mark_used(op: str) -> None:
     """Note that ``op`` ran on its native kernel in this process (one set insert: cheap enough
     for every call)."""

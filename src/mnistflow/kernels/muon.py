@@ -14,7 +14,7 @@ import ctypes
 
 import torch
 
-from mnistflow.kernels import bf16_engine, library, mark_used, threads
+from mnistflow.kernels import bf16_engine, check_rc, library, mark_used, threads
 from mnistflow.runtime.cpu import cpu_has_fast_bf16
 
 _A, _B, _C = 3.4445, -4.7750, 2.0315  # the quintic's coefficients (Jordan et al., 2024)
@@ -57,14 +57,8 @@ def _newton_schulz(lib, mats: list[torch.Tensor], steps: int, tiles: bool) -> li
     ptrs = (ctypes.c_void_p * n)(*[w.data_ptr() for w in work])
     rows = (ctypes.c_int64 * n)(*[w.shape[0] for w in work])
     cols = (ctypes.c_int64 * n)(*[w.shape[1] for w in work])
-    rc = lib.newton_schulz_bf16(n, ptrs, rows, cols, steps, threads(), int(tiles))
-    if rc == -1:
-        raise NotImplementedError("this build of the kernels has no " + ("AMX" if tiles else "AVX-512-BF16")
-                                  + " Newton-Schulz")
-    if rc == 1:
-        raise MemoryError("Newton-Schulz kernel: out of memory")
-    if rc:
-        raise RuntimeError(f"Newton-Schulz kernel: failed (code {rc})")
+    check_rc(lib.newton_schulz_bf16(n, ptrs, rows, cols, steps, threads(), int(tiles)),
+             ("AMX" if tiles else "AVX-512-BF16") + " Newton-Schulz")
     return [w.T if m.shape[0] > m.shape[1] else w for m, w in zip(mats, work)]
 
 

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
-from mnistflow.kernels import amx_available, library, mark_used, pool, threads, bf16_engine
+from mnistflow.kernels import amx_available, bf16_engine, check_rc, library, mark_used, pool, threads
 from mnistflow.kernels.pool import nhwc
 
 
@@ -29,17 +29,6 @@ def supports(x: torch.Tensor, out_channels: int) -> bool:
     return (x.device.type == "cpu" and x.dim() == 4 and x.dtype == torch.bfloat16 and x.numel() > 0
             and out_channels % 16 == 0 and (c % 16 == 0 or 3 * c <= 16) and nhwc(x)
             and not torch.jit.is_tracing() and not torch.compiler.is_compiling() and bf16_engine() is not None)
-
-
-def _check(rc: int, kernel: str, x: torch.Tensor, out_channels: int) -> None:
-    """The kernels' return codes: 0 done, 1 out of memory, -1 a path this build lacks, else a
-    shape they do not take."""
-    if rc == -1:
-        raise NotImplementedError(f"{kernel} kernel: not in this build (the compiler did not target it)")
-    if rc == 1:
-        raise MemoryError(f"{kernel} kernel: out of memory")
-    if rc:
-        raise RuntimeError(f"{kernel} kernel: unsupported shape {tuple(x.shape)} -> {out_channels} (code {rc})")
 
 
 def weight_grad_reference(x: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
@@ -68,7 +57,7 @@ def _weight_grad(lib, x: torch.Tensor, g: torch.Tensor, code: torch.Tensor | Non
     else:
         rc = lib.conv3x3_maxpool_wgrad_bf16(x.data_ptr(), g.data_ptr(), code.data_ptr(), dw.data_ptr(),
                                             n, h, w, c, o, threads(), int(tiles))
-    _check(rc, "weight-gradient", x, o)
+    check_rc(rc, "weight-gradient", f"unsupported shape {tuple(x.shape)} -> {o}")
     return dw.permute(0, 3, 1, 2)
 
 
@@ -107,7 +96,7 @@ def _conv_max_pool(lib, x: torch.Tensor, w: torch.Tensor, codes: bool = True):
     w = w.contiguous()  # (O, C, 3, 3)
     rc = lib.conv3x3_maxpool_forward_bf16(x.data_ptr(), w.data_ptr(), y.data_ptr(),
                                           code.data_ptr() if codes else None, n, h, wd, c, o, threads())
-    _check(rc, "conv + max-pool", x, o)
+    check_rc(rc, "conv + max-pool", f"unsupported shape {tuple(x.shape)} -> {o}")
     return y, code
 
 
