@@ -17,6 +17,7 @@ import os
 import tempfile
 import time
 from pathlib import Path
+from typing import Iterable
 
 import numpy as np
 import torch
@@ -115,8 +116,9 @@ def default_out(src: Path, fmt: str, suffix: str = "") -> Path:
     return folder / f"{src.stem}{suffix}{EXT[fmt]}"
 
 
-def export(model_path: str | Path, format: str, out: str | Path | None = None, only=None,
-           quantize: str | None = None, *, model_name: str | None = None, data=None,
+def export(model_path: str | Path, format: str, out: str | Path | None = None,
+           only: str | Iterable[str] | None = None, quantize: str | None = None, *,
+           model_name: str | None = None, data: str | Path | None = None,
            verify_images: int | None = None) -> dict:
     """Python twin of ``mnistflow export``; returns what was written and measured."""
     fmt = format.lower()

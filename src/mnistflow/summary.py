@@ -231,7 +231,8 @@ def _size(v) -> tuple[int, int]:
     return int(a), int(b)
 
 
-def summarize(model_or_path, input_size=None, variables: bool = False, all_variables: bool = False,
+def summarize(model_or_path: nn.Module | str | Path, input_size: str | int | tuple[int, int] | None = None,
+              variables: bool = False, all_variables: bool = False,
               *, channels: int | None = None, num_classes: int | None = None) -> str:
     """The summary text of a module, a registered model name, a spec string, or a saved model
     (run directory, safetensors, checkpoint, npz, ONNX)."""

@@ -288,8 +288,8 @@ def is_checkpoint_file(path: str | Path) -> bool:
 
 # --- capture and restore ------------------------------------------------------------------
 
-def capture(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scaler, train_state: dict,
-            config: dict, *, scheduler: dict | None = None, data: dict | None = None,
+def capture(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler | None,
+            train_state: dict, config: dict, *, scheduler: dict | None = None, data: dict | None = None,
             model_info: dict | None = None) -> dict:
     """Everything needed to continue, as a payload dict (the unwrapped model's weights)."""
 
@@ -308,7 +308,8 @@ def capture(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scaler, tr
 
 
 def restore(payload: dict, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
-            scaler=None, *, path: str | Path | None = None, rng: bool = True) -> None:
+            scaler: torch.amp.GradScaler | None = None, *, path: str | Path | None = None,
+            rng: bool = True) -> None:
     """Load ``payload`` into the live objects, strictly: leftover or missing keys are errors."""
 
     where = path or "checkpoint"

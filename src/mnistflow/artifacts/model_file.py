@@ -26,7 +26,7 @@ import math
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Iterable, Mapping, Sequence
 
 import torch
 import torch.nn as nn
@@ -34,6 +34,9 @@ import torch.nn as nn
 from mnistflow.artifacts.rundir import MODEL, RunDir
 from mnistflow.core.errors import MnistflowError
 from mnistflow.core.fsutil import atomic_write_bytes
+
+if TYPE_CHECKING:
+    from mnistflow.data.records import Records
 
 MODEL_FILE = MODEL  # the run directory's model file name (``artifacts.rundir``)
 META_KEY = "mnistflow"  # the metadata entry (safetensors, ONNX) holding the ModelInfo JSON
@@ -400,7 +403,7 @@ def info_from_json(text: str, where: str | Path) -> ModelInfo:
     return validate_info(d, where)
 
 
-def info_from_records(model: str, rec, metrics: dict | None = None) -> ModelInfo:
+def info_from_records(model: str, rec: Records, metrics: dict | None = None) -> ModelInfo:
     """What a model trained on the record set ``rec`` needs to be used."""
     h, w, c = rec.shape
     return ModelInfo(model=model, in_shape=[c, h, w], class_names=rec.class_names, mean=rec.mean,
@@ -408,7 +411,7 @@ def info_from_records(model: str, rec, metrics: dict | None = None) -> ModelInfo
                      metrics=dict(metrics or {}), label_values=list(rec.label_values))
 
 
-def outputs_of_records(info: ModelInfo, rec, split: str) -> list[int] | None:
+def outputs_of_records(info: ModelInfo, rec: Records, split: str) -> list[int] | None:
     """For each class of the record set ``rec`` (by its class index), the model's output for
     it, or None when they are the same (a model evaluated on its own kind of records). A
     class that ``split`` holds images of and the model has no output for is an error."""

@@ -16,6 +16,7 @@ import json
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Iterable
 
 import numpy as np
 import torch
@@ -29,7 +30,7 @@ from mnistflow.core.fsutil import atomic_write_bytes
 NPZ_META_KEY = "__mnistflow__"
 
 
-def globs(only) -> list[str]:
+def globs(only: str | Iterable[str] | None) -> list[str]:
     """``--only`` as a list of globs: a string (comma-separated) or a list of them."""
     if not only:
         return []
@@ -165,7 +166,7 @@ class NpzReport:
         return head + ("" if self.complete else f"; {self.problems()}")
 
 
-def load_npz_into(model: nn.Module, path: str | Path, only=None, *,
+def load_npz_into(model: nn.Module, path: str | Path, only: str | Iterable[str] | None = None, *,
                   arrays: dict[str, np.ndarray] | None = None) -> NpzReport:
     """Copy arrays into ``model``'s parameters/buffers by name (selected by ``only`` globs).
 

@@ -19,6 +19,7 @@ import logging
 import math
 import warnings
 from pathlib import Path
+from typing import TYPE_CHECKING, Iterator
 
 import numpy as np
 import torch
@@ -28,9 +29,12 @@ from mnistflow.artifacts.model_file import META_KEY, ModelInfo, info_from_json, 
 from mnistflow.core.errors import MnistflowError, import_optional
 from mnistflow.data.normalize import normalize_np
 
+if TYPE_CHECKING:
+    import onnxruntime
+
 
 @contextlib.contextmanager
-def quiet_exporter():
+def quiet_exporter() -> Iterator[None]:
     """The exporter prints progress and warnings (e.g. 'torchvision is not installed'); the
     user sees our result table instead. Errors still propagate."""
     loggers = [logging.getLogger(n) for n in ("torch.onnx", "torch.export", "torch._export",
@@ -69,7 +73,7 @@ def to_onnx(model: nn.Module, info: ModelInfo) -> bytes:
     return proto.SerializeToString()
 
 
-def session(model: bytes | str | Path, threads: int | None = None):
+def session(model: bytes | str | Path, threads: int | None = None) -> onnxruntime.InferenceSession:
     """An onnxruntime CPU session for ONNX bytes or a file (``threads``: intra-op threads,
     default torch's); an unloadable model is a one-line ``MnistflowError``."""
     ort = import_optional("onnxruntime")

@@ -9,6 +9,7 @@ import errno
 import importlib
 import os
 from pathlib import Path
+from types import ModuleType
 
 
 class MnistflowError(Exception):
@@ -59,7 +60,7 @@ def display(path: str | os.PathLike) -> str:
         return str(p)
 
 
-def import_optional(module: str, extra: str = "onnx"):
+def import_optional(module: str, extra: str = "onnx") -> ModuleType:
     """Import an optional dependency, or fail with one line telling what to install."""
     try:
         return importlib.import_module(module)

@@ -15,7 +15,7 @@ import contextlib
 import logging
 import os
 import sys
-from typing import Iterator
+from typing import Iterator, TextIO
 
 from mnistflow.core.progress import above_bars
 
@@ -46,11 +46,11 @@ class _Stderr(logging.StreamHandler):
         self.setFormatter(_Line())
 
     @property
-    def stream(self):  # noqa: D401 - a property so that a swapped sys.stderr is honoured
+    def stream(self) -> TextIO:  # noqa: D401 - a property so that a swapped sys.stderr is honoured
         return sys.stderr
 
     @stream.setter
-    def stream(self, _value) -> None:
+    def stream(self, _value: TextIO) -> None:
         pass
 
     def emit(self, record: logging.LogRecord) -> None:

@@ -19,6 +19,7 @@ import queue
 import threading
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -26,6 +27,9 @@ import torch
 from mnistflow.core.errors import MnistflowError
 from mnistflow.data import augment as augmod
 from mnistflow.data.normalize import Normalizer
+
+if TYPE_CHECKING:
+    from mnistflow.data.records import Records
 
 
 @dataclass
@@ -282,10 +286,10 @@ def fits_in_memory(nbytes: int, device: torch.device) -> bool:
     return nbytes < psutil.virtual_memory().available // 2
 
 
-def make_loader(rec, split: str, *, batch_size: int, device: torch.device | str = "cpu",
+def make_loader(rec: Records, split: str, *, batch_size: int, device: torch.device | str = "cpu",
                 train: bool = True, seed: int = 0, drop_last: bool = False, rank: int = 0,
                 world_size: int = 1, channels_last: bool = False, augment: bool | str | None = None,
-                resident: str = "auto", delay_s: float = 0.0, pad: bool = True):
+                resident: str = "auto", delay_s: float = 0.0, pad: bool = True) -> Loader:
     """The loader for ``split`` of an opened record set (``mnistflow.data.records.Records``).
 
     ``rank``/``world_size``: this process's shard (see ``epoch_order``); ``pad=False`` for

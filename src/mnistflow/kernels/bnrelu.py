@@ -8,6 +8,8 @@ same way (unbiased variance, ``momentum``). ``reference`` is that PyTorch op.
 """
 from __future__ import annotations
 
+import ctypes
+
 import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
@@ -29,7 +31,8 @@ def _fp32_vector(t: torch.Tensor | None, c: int) -> bool:
                          and t.device.type == "cpu")
 
 
-def supports(x: torch.Tensor, weight, bias, running_mean, running_var) -> bool:
+def supports(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
+             running_mean: torch.Tensor | None, running_var: torch.Tensor | None) -> bool:
     """A 4-D channels-last bf16/fp32 CPU input with fp32 parameters and statistics, outside
     tracing and compiling (exports and ``torch.compile`` see PyTorch's ops)."""
     if not (x.device.type == "cpu" and x.dim() == 4 and x.dtype in _FORWARD and x.numel() > 0
@@ -88,20 +91,24 @@ class _BatchNormReLU(torch.autograd.Function):
         return gx, gw, gb, None, None, None, None
 
 
-def reference(x, weight, bias, running_mean, running_var, training: bool, momentum: float,
-              eps: float) -> torch.Tensor:
+def reference(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
+              running_mean: torch.Tensor | None, running_var: torch.Tensor | None, training: bool,
+              momentum: float, eps: float) -> torch.Tensor:
     """The PyTorch ops the kernels replace: ``relu(batch_norm(...))``."""
     return F.relu(F.batch_norm(x, running_mean, running_var, weight, bias, training, momentum, eps))
 
 
-def batch_norm_relu(x, weight, bias, running_mean, running_var, momentum: float, eps: float):
+def batch_norm_relu(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
+                    running_mean: torch.Tensor | None, running_var: torch.Tensor | None, momentum: float,
+                    eps: float) -> torch.Tensor:
     """``reference(..., training=True)`` on the kernel; the caller checks ``supports``.
     ``running_mean`` / ``running_var`` (or None) are updated in place."""
     mark_used("bnrelu")
     return _BatchNormReLU.apply(x, weight, bias, running_mean, running_var, momentum, eps)
 
 
-def batch_norm_relu_eval(x, weight, bias, running_mean, running_var, eps: float) -> torch.Tensor:
+def batch_norm_relu_eval(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
+                         running_mean: torch.Tensor, running_var: torch.Tensor, eps: float) -> torch.Tensor:
     """``relu(batch_norm(x, running_mean, running_var, weight, bias, training=False))`` in one
     pass on the kernel (PyTorch's two took 15 of the fast net's 61 ms test pass); no autograd.
     The caller checks ``supports`` (with running statistics)."""
@@ -119,7 +126,7 @@ def batch_norm_relu_eval(x, weight, bias, running_mean, running_var, eps: float)
     return y
 
 
-def self_check(lib) -> None:
+def self_check(lib: ctypes.CDLL) -> None:
     """Compare with PyTorch (values, gradients, running statistics) on a small input."""
     gen = torch.Generator().manual_seed(0)
     for dtype, tol in ((torch.float32, 1e-4), (torch.bfloat16, 3e-2)):

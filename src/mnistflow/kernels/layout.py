@@ -3,6 +3,8 @@ channels-last tensors, and col2im (the input gradient of a convolution computed 
 product); ``swap_reference`` and ``col2im_reference`` are their PyTorch twins."""
 from __future__ import annotations
 
+import ctypes
+
 import torch
 
 from mnistflow.kernels import library, mark_used, threads
@@ -64,7 +66,7 @@ def col2im_reference(gc: torch.Tensor, h: int, w: int, k: int) -> torch.Tensor:
     return gx.permute(0, 3, 1, 2)
 
 
-def self_check(lib) -> None:
+def self_check(lib: ctypes.CDLL) -> None:
     """Compare with the references on small inputs (odd sizes, a 1x1 window); raise on a
     difference (a miscompiled library)."""
     for dtype in (torch.bfloat16, torch.float32):

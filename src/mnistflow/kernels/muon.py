@@ -62,7 +62,7 @@ def _newton_schulz(lib, mats: list[torch.Tensor], steps: int, tiles: bool) -> li
     return [w.T if m.shape[0] > m.shape[1] else w for m, w in zip(mats, work)]
 
 
-def self_check(lib, tiles: bool = True) -> None:
+def self_check(lib: ctypes.CDLL, tiles: bool = True) -> None:
     """Compare with ``orthogonalize`` (fp32) on wide, tall and padded shapes, on AMX tiles or
     the AVX-512-BF16 path; bf16 products leave the result within a few percent."""
     gen = torch.Generator().manual_seed(0)

@@ -13,6 +13,8 @@ takes PyTorch's gradient. The first layer's fused conv + max-pool forward is AMX
 """
 from __future__ import annotations
 
+import ctypes
+
 import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
@@ -146,7 +148,7 @@ def conv3x3(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return _Conv3x3.apply(x, weight)
 
 
-def self_check(lib, tiles: bool = True) -> None:
+def self_check(lib: ctypes.CDLL, tiles: bool = True) -> None:
     """Compare with PyTorch on small inputs (both packing paths, a partial last chunk, border
     pixels, odd sizes for the pool), on AMX (``tiles``) or AVX-512-BF16; raise on a difference
     beyond float-sum order and bf16 rounding."""

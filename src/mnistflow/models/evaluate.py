@@ -6,7 +6,7 @@ ranks, so every rank returns the whole split's numbers.
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Iterable
 
 import torch
 import torch.nn as nn
@@ -19,7 +19,8 @@ from mnistflow.runtime.device import Amp
 TTA_VIEWS = (0, 2, 4, 8)  # extra views: left/right, + up/down, + the diagonals (TTA_SHIFTS' order)
 
 
-def tta_logits(model, x: torch.Tensor, views: int, mirror: bool = False) -> torch.Tensor:
+def tta_logits(model: nn.Module | Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, views: int,
+               mirror: bool = False) -> torch.Tensor:
     """Log of the class probabilities averaged over ``x`` and ``views`` more views of it: the
     first ``views`` of ``TTA_SHIFTS`` (one-pixel shifts), or with ``mirror`` (data whose class
     survives a mirror: clothing, photos) the mirror image and the first ``views - 1`` shifts.
@@ -37,7 +38,8 @@ def tta_logits(model, x: torch.Tensor, views: int, mirror: bool = False) -> torc
 
 
 @torch.inference_mode()
-def evaluate(model: nn.Module | Callable[[torch.Tensor], torch.Tensor], loader, amp: Amp,
+def evaluate(model: nn.Module | Callable[[torch.Tensor], torch.Tensor],
+             loader: Iterable[tuple[torch.Tensor, torch.Tensor]], amp: Amp,
              num_classes: int, *, confusion: bool = False, tta: int = 0, mirror: bool = False) -> dict:
     """Loss and accuracy over the whole loader; with ``confusion``, the confusion matrix
     (rows: true class, columns: predicted) and per-class accuracy. ``tta`` > 0: predictions

@@ -25,6 +25,8 @@
 """
 from __future__ import annotations
 
+from typing import Sequence
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -196,19 +198,20 @@ class FastNet(nn.Module):
 
 
 @register_model
-def fast(in_shape=(1, 28, 28), num_classes: int = 10, widths=(32, 48, 192)) -> nn.Module:
+def fast(in_shape: tuple[int, int, int] = (1, 28, 28), num_classes: int = 10,
+         widths: Sequence[int] = (32, 48, 192)) -> nn.Module:
     """Space-to-depth, two conv-pool-BN-ReLU stages (32/48), a VALID conv-BN-ReLU (192), global
     max pool, scaled head."""
     return FastNet(tuple(in_shape), num_classes, tuple(widths), valid_last=True)
 
 
 @register_model
-def fast_wide(in_shape=(1, 28, 28), num_classes: int = 10) -> nn.Module:
+def fast_wide(in_shape: tuple[int, int, int] = (1, 28, 28), num_classes: int = 10) -> nn.Module:
     """The fast net at 64/128/256 channels: the base of the most accurate recipe."""
     return FastNet(tuple(in_shape), num_classes, (64, 128, 256))
 
 
 @register_model
-def fast_deep(in_shape=(1, 28, 28), num_classes: int = 10) -> nn.Module:
+def fast_deep(in_shape: tuple[int, int, int] = (1, 28, 28), num_classes: int = 10) -> nn.Module:
     """The wide fast net with a second conv per stage: the base of ``best`` on clothing and photos."""
     return FastNet(tuple(in_shape), num_classes, (64, 128, 256), deep=True)

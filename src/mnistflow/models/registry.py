@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, TypeVar, overload
 
 import torch.nn as nn
 
@@ -18,9 +18,15 @@ class ModelEntry:
 
 
 _REGISTRY: dict[str, ModelEntry] = {}
+_Factory = TypeVar("_Factory", bound=Callable[..., nn.Module])
 
 
-def register_model(fn: Callable[..., nn.Module] | None = None, *, name: str | None = None):
+@overload
+def register_model(fn: _Factory, *, name: str | None = None) -> _Factory: ...
+@overload
+def register_model(fn: None = None, *, name: str | None = None) -> Callable[[_Factory], _Factory]: ...
+def register_model(fn: _Factory | None = None, *,
+                   name: str | None = None) -> _Factory | Callable[[_Factory], _Factory]:
     """Decorator: register ``fn`` under ``name`` (default: the function name, '_' -> '-')."""
 
     def wrap(f):

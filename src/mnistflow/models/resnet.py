@@ -1,6 +1,8 @@
 """A small ResNet for 28x28 / 32x32 images (three stages of basic blocks)."""
 from __future__ import annotations
 
+from typing import Sequence
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -43,7 +45,7 @@ class ResNet(nn.Module):
 
 
 @register_model
-def resnet_small(in_shape=(1, 28, 28), num_classes: int = 10, widths=(32, 64, 128),
-                 blocks=(2, 2, 2)) -> nn.Module:
+def resnet_small(in_shape: tuple[int, int, int] = (1, 28, 28), num_classes: int = 10,
+                 widths: Sequence[int] = (32, 64, 128), blocks: Sequence[int] = (2, 2, 2)) -> nn.Module:
     """ResNet with three stages of basic blocks (32/64/128 channels), global pool, fc."""
     return ResNet(in_shape[0], num_classes, tuple(widths), tuple(blocks))

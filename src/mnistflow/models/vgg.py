@@ -8,7 +8,8 @@ from mnistflow.models.spec import build_from_spec
 
 
 @register_model
-def vgg_small(in_shape=(1, 28, 28), num_classes: int = 10, width: int = 32) -> nn.Module:
+def vgg_small(in_shape: tuple[int, int, int] = (1, 28, 28), num_classes: int = 10,
+              width: int = 32) -> nn.Module:
     """VGG-style: [w, w, pool, 2w, 2w, pool, 4w, pool], global average pool, fc."""
     w = width
     return build_from_spec(

@@ -20,6 +20,7 @@ imported only here; the PNGs are drawn by its Agg renderer (no display needed).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Iterable
 
 from mnistflow.artifacts.rundir import RunDir
 from mnistflow.core.progress import stages
@@ -42,7 +43,7 @@ __all__ = ["COMPARE_SIZE", "HTML_FILE", "PLOT_SIZES", "RunLog", "SplitPrediction
            "load_run", "predict_split", "report"]
 
 
-def build_report(run_dir: str | Path, out: str | Path | None = None, compare=(), *,
+def build_report(run_dir: str | Path, out: str | Path | None = None, compare: Iterable[str | Path] = (), *,
                  data: str | Path | None = None, device: str = "auto",
                  threads: int | None = None) -> tuple[Path, list[Path]]:
     """Write the PNGs and the HTML page; returns (the page, the PNGs)."""
@@ -76,7 +77,7 @@ def build_report(run_dir: str | Path, out: str | Path | None = None, compare=(),
     return html, written
 
 
-def report(run_dir: str | Path, out: str | Path | None = None, compare=(), *,
+def report(run_dir: str | Path, out: str | Path | None = None, compare: Iterable[str | Path] = (), *,
            data: str | Path | None = None, device: str = "auto", threads: int | None = None) -> Path:
     """Python twin of ``mnistflow report``: plots and an HTML page for a run; returns the page.
 

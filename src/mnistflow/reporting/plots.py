@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import math
+from types import ModuleType
 
 import numpy as np
 
@@ -31,7 +32,7 @@ GRID = (5, 8)  # rows x columns of the misclassified grid: the 40 most confident
 TRAIN_COLOR, VAL_COLOR, TEST_COLOR = "#9bb7d4", "#d9480f", "#2b8a3e"
 
 
-def require_matplotlib():
+def require_matplotlib() -> ModuleType:
     """matplotlib, or a one-line error saying what to install. Figures are made with
     ``matplotlib.figure.Figure`` and saved by the Agg renderer: no display, no pyplot state,
     and the backend of a notebook or script that calls ``report`` is left alone."""

@@ -78,7 +78,7 @@ class Amp:
         scaler = torch.amp.GradScaler("cuda") if precision == "fp16" and device.type == "cuda" else None
         return cls(precision, device.type, scaler)
 
-    def autocast(self, cache: bool = True):
+    def autocast(self, cache: bool = True) -> contextlib.AbstractContextManager[torch.autocast | None]:
         """The autocast context; ``cache=False`` under CUDA graph capture (the weights' cached
         casts would outlive the captured step)."""
         if self.precision == "fp32":

@@ -25,6 +25,7 @@ import signal
 import subprocess
 import sys
 from dataclasses import dataclass
+from typing import Iterator, TypeVar
 
 import torch
 import torch.distributed as tdist
@@ -186,7 +187,10 @@ def max_over_ranks(value: int) -> int:
     return int(t[0])
 
 
-def broadcast_object(obj, src: int = 0):
+_T = TypeVar("_T")
+
+
+def broadcast_object(obj: _T, src: int = 0) -> _T:
     """``obj`` of rank ``src`` on every rank (picklable values: paths, small dicts)."""
     if initialized():
         box = [obj]
@@ -201,7 +205,7 @@ def barrier() -> None:
 
 
 @contextlib.contextmanager
-def local_rank_zero_first(info: DistInfo):
+def local_rank_zero_first(info: DistInfo) -> Iterator[None]:
     """Local rank 0 of each machine runs the block first (e.g. preparing the data cache),
     the other processes after it: no two processes of a machine write the same files."""
     if not info.enabled:

@@ -31,6 +31,7 @@ import os
 import socket
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -55,6 +56,10 @@ from mnistflow.server.inputs import (
     to_input,
 )
 from mnistflow.server.predictor import Predictor, load_predictor
+
+if TYPE_CHECKING:
+    from starlette.applications import Starlette
+    from starlette.requests import Request
 
 STATIC = Path(__file__).parent / "static"
 PAGE_HEADERS = {  # the page may load nothing from elsewhere
@@ -110,7 +115,7 @@ def classify(pred: Predictor, body: bytes, content_type: str, mode: str | None,
 
 
 
-async def read_body(request, limit: int = MAX_BODY) -> bytes:
+async def read_body(request: Request, limit: int = MAX_BODY) -> bytes:
     """The request body, refused with 413 past ``limit`` bytes (declared or streamed)."""
     declared = request.headers.get("content-length")
     if declared is not None:
@@ -132,7 +137,7 @@ async def read_body(request, limit: int = MAX_BODY) -> bytes:
 
 
 def create_app(model: str | Path | Predictor, *, threads: int = 1, limits: Limits | None = None,
-               allowed_hosts: tuple[str, ...] | None = None):
+               allowed_hosts: tuple[str, ...] | None = None) -> Starlette | HostCheck:
     """The Starlette app for a run directory, model file, ONNX export or a ready ``Predictor``.
 
     ``limits``: the server's bounds (``guard.Limits``; its defaults otherwise).
@@ -234,7 +239,7 @@ class HostCheck:
         await self.app(scope, receive, send)
 
 
-def app_from_env():
+def app_from_env() -> Starlette | HostCheck:
     """The app for ``--workers N`` (each worker process loads the model itself)."""
     _quiet_bomb_warnings()
     hosts = os.environ.get("MNISTFLOW_SERVE_HOSTS")

@@ -28,9 +28,13 @@ import asyncio
 import os
 import threading
 from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Awaitable, Callable, Mapping, TypeVar
 from urllib.parse import urlsplit
 
 from mnistflow.core.errors import MnistflowError
+
+if TYPE_CHECKING:
+    import uvicorn
 
 MAX_BODY = 2 * 1024 * 1024  # bytes
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
@@ -93,14 +97,14 @@ def _split(netloc: str) -> tuple[str | None, int | None]:
         return None, None
 
 
-def check_host(headers, allowed_hosts: frozenset[str] | None) -> None:
+def check_host(headers: Mapping[str, str], allowed_hosts: frozenset[str] | None) -> None:
     """Refuse a ``Host`` that is not one of ``allowed_hosts`` (None: any)."""
     if allowed_hosts is not None and _split(headers.get("host", ""))[0] not in allowed_hosts:
         raise BadInput(403, f"Host {headers.get('host', '')[:100]!r} is not this server "
                            f"(it answers to {', '.join(sorted(allowed_hosts))})")
 
 
-def check_origin(headers) -> None:
+def check_origin(headers: Mapping[str, str]) -> None:
     """Refuse a request a page of another origin made: ``Origin`` other than this server's
     ``Host`` (``null`` included), or ``Sec-Fetch-Site`` other than same-origin/none."""
     site = headers.get("sec-fetch-site")
@@ -159,6 +163,9 @@ class Deadline:
         return self.fired
 
 
+_T = TypeVar("_T")
+
+
 class Slots:
     """At most ``n`` calls of ``run`` at once in the thread pool, each answered within
     ``timeout`` seconds (waiting included) or refused with 503. A call that overran keeps its
@@ -168,7 +175,7 @@ class Slots:
         self.n, self.timeout = n, timeout
         self._sem: asyncio.Semaphore | None = None
 
-    async def run(self, fn, *args):
+    async def run(self, fn: Callable[..., _T], *args) -> _T:
         from anyio import to_thread
 
         if self._sem is None:  # created in the serving event loop
@@ -264,7 +271,7 @@ def _auto_protocol() -> type:
     return guarded(AutoHTTPProtocol)
 
 
-def server_config(app, limits: Limits, **kwargs):
+def server_config(app: str | Callable[..., Awaitable[None]], limits: Limits, **kwargs) -> uvicorn.Config:
     """A ``uvicorn.Config`` for ``app`` (an app or an import string) that enforces ``limits``:
     the header deadline and the connection cap."""
     import uvicorn

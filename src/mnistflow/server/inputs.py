@@ -91,7 +91,7 @@ def parse_json(data: bytes) -> tuple[np.ndarray, str | None]:
     return parse_pixels(obj["pixels"]), mode
 
 
-def parse_pixels(pixels) -> np.ndarray:
+def parse_pixels(pixels: object) -> np.ndarray:
     """A nested list of numbers 0..255, H x W or H x W x C -> uint8 array; strict."""
     if not isinstance(pixels, list) or not pixels:
         raise BadInput(422, "pixels must be a non-empty H x W (or H x W x C) array of numbers")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import time
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -14,6 +15,9 @@ import torch.nn.functional as F
 from mnistflow.models.ensemble import member_loss
 from mnistflow.training.optim import build_optimizer, net_parameters
 from mnistflow.runtime.device import Amp
+
+if TYPE_CHECKING:
+    from mnistflow.training.config import TrainConfig
 
 CPU_CANDIDATES = (64, 128, 256, 512)
 GPU_MAX = 1 << 16
@@ -46,7 +50,8 @@ def _steps(model, cfg, in_shape, num_classes, device, amp: Amp, batch: int, n: i
     return (time.perf_counter() - t0) / n
 
 
-def choose_batch_size(model, cfg, in_shape, num_classes: int, device: torch.device, precision: str,
+def choose_batch_size(model: torch.nn.Module, cfg: TrainConfig, in_shape: tuple[int, int, int],
+                      num_classes: int, device: torch.device, precision: str,
                       n_train: int) -> tuple[int, str]:
     """(batch size, a one-line reason) for ``--batch-size auto``."""
     amp = Amp.create(precision, device)

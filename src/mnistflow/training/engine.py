@@ -43,7 +43,7 @@ class TrainState:
     metrics: dict = field(default_factory=dict)  # latest val/test results
 
 
-def profiled(name: str):
+def profiled(name: str) -> contextlib.AbstractContextManager[torch.profiler.record_function | None]:
     """A named profiler range (``mnistflow/<phase>``) while a profiler records; else free."""
     if torch.autograd.profiler._is_profiler_enabled:
         return torch.profiler.record_function("mnistflow/" + name)

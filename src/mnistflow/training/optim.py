@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+from typing import Callable, Iterable, Sequence
 
 import torch
 
@@ -29,7 +30,9 @@ def _nets(params) -> list[list[torch.nn.Parameter]]:
     return [list(p) for p in params] if params and isinstance(params[0], (list, tuple)) else [params]
 
 
-def build_optimizer(name: str, params, lr: float, *, momentum: float = 0.9, nesterov: bool = False,
+def build_optimizer(name: str,
+                    params: Iterable[torch.nn.Parameter] | Iterable[Sequence[torch.nn.Parameter]],
+                    lr: float, *, momentum: float = 0.9, nesterov: bool = False,
                     weight_decay: float = 0.0, fused: bool = True, muon_lr: float = 0.1,
                     muon_momentum: float = 0.8, bf16_products: bool = False) -> torch.optim.Optimizer:
     """The optimizer called ``name`` for ``params`` (parameters, or one list of them per net:
@@ -105,7 +108,7 @@ class Muon(torch.optim.Optimizer):
         self.bf16_products = bf16_products
 
     @torch.no_grad()
-    def step(self, closure=None):
+    def step(self, closure: Callable[[], float] | None = None) -> None:
         for group in self.param_groups:
             ps = [p for p in group["params"] if p.grad is not None]
             if not ps:

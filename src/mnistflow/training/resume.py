@@ -233,7 +233,8 @@ class Resume:
             raise MnistflowError("cannot resume with a different model or data: " + "; ".join(diffs),
                                  self.path)
 
-    def restore(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scaler,
+    def restore(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                scaler: torch.amp.GradScaler | None,
                 state: TrainState, seed: int, rank: int) -> None:
         """Load the states into the live objects (strictly) and ``state``."""
         checkpoint.restore(self.payload, model, optimizer, scaler, path=self.path)

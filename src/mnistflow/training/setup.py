@@ -15,6 +15,7 @@ import random
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -54,6 +55,10 @@ from mnistflow.training.observe.metrics import MetricsFile
 from mnistflow.training.observe.starvation import StarvationWatch
 from mnistflow.training.observe.tensorboard import TensorBoardLogger
 from mnistflow.training.optim import build_optimizer, net_parameters
+
+if TYPE_CHECKING:
+    from mnistflow.training.engine import LossFn
+    from mnistflow.training.observe.console import ConsoleLogger
 
 WHITEN_IMAGES = 1000
 
@@ -410,7 +415,7 @@ class Observers:
             w.close()
 
 
-def rank_zero_observers(run: Run, console, resume_step: int | None) -> Observers:
+def rank_zero_observers(run: Run, console: ConsoleLogger, resume_step: int | None) -> Observers:
     """The one place that decides what rank 0 alone does: metrics file, TensorBoard, memory
     and input watches, profiler. Other ranks get none (and a quiet console)."""
     if not run.info.is_primary:
@@ -432,7 +437,7 @@ def rank_zero_observers(run: Run, console, resume_step: int | None) -> Observers
     return Observers(first, [w for w in (metrics, tb) if w is not None], profiler)
 
 
-def warm_up(run: Run, loss_fn=None) -> None:
+def warm_up(run: Run, loss_fn: LossFn | None = None) -> None:
     """One throw-away forward/backward, and one evaluation forward, outside the timer:
     first-call costs (oneDNN kernel selection, lazy imports in the optimizer) are paid in
     setup, not charged to training."""

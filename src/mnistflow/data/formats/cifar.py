@@ -21,6 +21,7 @@ import pickle
 import re
 import tarfile
 from pathlib import Path
+from typing import NoReturn
 
 import numpy as np
 
@@ -143,7 +144,7 @@ class _SafeUnpickler(pickle._Unpickler):  # the pure-Python one: its opcodes can
         self.where = where
         self.ops = 0
 
-    def find_class(self, module: str, name: str):
+    def find_class(self, module: str, name: str) -> object:
         obj = _ALLOWED.get((module, name))
         if obj is None:
             raise MnistflowError(f"refusing to unpickle {module}.{name}: a CIFAR batch holds "
@@ -151,10 +152,10 @@ class _SafeUnpickler(pickle._Unpickler):  # the pure-Python one: its opcodes can
                                  self.where)
         return obj
 
-    def persistent_load(self, pid):
+    def persistent_load(self, pid: object) -> NoReturn:
         raise _Refused("a persistent reference")
 
-    def load_build(self):
+    def load_build(self) -> None:
         state, inst = self.stack[-1], self.stack[-2]
         if isinstance(inst, np.dtype):
             _check_dtype_state(state)

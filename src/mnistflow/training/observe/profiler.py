@@ -81,7 +81,7 @@ def tensorboard_copy(trace: Path, tb_dir: Path) -> Path:
     return dest
 
 
-def op_tables(prof, top: int = 20) -> str:
+def op_tables(prof: profile, top: int = 20) -> str:
     ka = prof.key_averages()
     return (f"ops by self time (top {top})\n" + ka.table(sort_by="self_cpu_time_total", row_limit=top)
             + f"\nops by memory (top {top})\n" + ka.table(sort_by="self_cpu_memory_usage", row_limit=top))

@@ -9,10 +9,16 @@ import contextlib
 import io
 import warnings
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from mnistflow.core.log import warn
+
+if TYPE_CHECKING:
+    from tensorboard.compat.proto.config_pb2 import RunMetadata
+    from tensorboard.compat.proto.graph_pb2 import GraphDef
+    from torch.utils.tensorboard import SummaryWriter
 
 _TRAIN = {"loss": "train/loss", "acc": "train/acc", "lr": "lr", "img_per_s": "throughput/img_per_s",
           "data_wait_frac": "pipeline/data_wait_frac", "queue_depth": "pipeline/queue_depth"}
@@ -28,7 +34,7 @@ class TensorBoardLogger:
         self._failed = False
 
     @property
-    def writer(self):
+    def writer(self) -> SummaryWriter | None:
         if self._w is None and not self._failed:
             try:
                 from torch.utils.tensorboard import SummaryWriter
@@ -84,7 +90,7 @@ class TensorBoardLogger:
             self._w.close()
 
 
-def graph_def(model: torch.nn.Module, example: torch.Tensor):
+def graph_def(model: torch.nn.Module, example: torch.Tensor) -> tuple[GraphDef, RunMetadata]:
     """``(GraphDef, RunMetadata)`` of ``model`` traced on ``example``, as ``SummaryWriter.add_graph``
     makes it, minus its noise: ``torch.jit.trace``'s re-trace check is off (it fails on models
     whose submodule types the tracer renames on a second trace, ``fast`` among them, though the
