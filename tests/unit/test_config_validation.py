@@ -166,6 +166,44 @@ def test_bad_environment_values_fail_when_the_config_is_resolved(monkeypatch, na
     assert message in str(e.value)
 
 
+@pytest.mark.parametrize("env, message", [
+    ({"WORLD_SIZE": "x"}, "WORLD_SIZE must be an integer from 1 to 1048576 (or unset), got 'x'"),
+    ({"WORLD_SIZE": "0"}, "WORLD_SIZE must be an integer from 1 to 1048576 (or unset), got '0'"),
+    ({"RANK": "1"}, "RANK must be an integer from 0 to 0 (or unset), got '1'"),  # a rank, no world
+    ({"WORLD_SIZE": "2", "RANK": "2"}, "RANK must be an integer from 0 to 1 (or unset), got '2'"),
+    ({"WORLD_SIZE": "2", "RANK": "-1"}, "RANK must be an integer from 0 to 1 (or unset), got '-1'"),
+    ({"LOCAL_RANK": "x"}, "LOCAL_RANK must be an integer from 0 to 0 (or unset), got 'x'"),
+    ({"WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2", "LOCAL_RANK": "2"}, "LOCAL_RANK must be an integer from 0 to 1"),
+])
+def test_a_bad_launch_environment_is_one_error_before_any_work(monkeypatch, env, message):
+    from mnistflow.runtime import dist
+
+    for name in cpu.LAUNCH_VARS:
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(cpu.LaunchError) as e:
+        resolve(flags={"model": "softmax"})
+    assert message in str(e.value)
+    with pytest.raises(cpu.LaunchError):
+        dist.env_info()  # (was a ValueError traceback for WORLD_SIZE=x)
+
+
+def test_a_bad_launch_environment_is_said_by_every_process(monkeypatch, tmp_path, capsys):
+    """Under torchrun the CLI prints an error from each machine's first process only (every
+    rank raises the same one); a process's own launch variables are its own: each says so."""
+    for name, value in {"WORLD_SIZE": "2", "RANK": "1", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "x"}.items():
+        monkeypatch.setenv(name, value)
+    argv = ["train", "--recipe", "softmax", "--run-dir", str(tmp_path / "r")]
+    assert cli.main(argv) == 2
+    assert "LOCAL_WORLD_SIZE must be an integer from 1" in one_line_error(capsys)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    monkeypatch.setenv("MNISTFLOW_THREADS", "x")  # the same on every rank: local rank 0 says it
+    assert cli.main(argv) == 2
+    assert capsys.readouterr().err == ""
+    assert not (tmp_path / "r").exists()
+
+
 def test_environment_values_that_mean_the_default(monkeypatch):
     for value in ("", "  "):  # set but empty: as unset
         monkeypatch.setenv("MNISTFLOW_THREADS", value)

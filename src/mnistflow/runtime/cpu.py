@@ -122,6 +122,8 @@ def _on_each_openmp_thread(fn) -> bool:
 
 
 MAX_THREADS = 1024  # more is a typo, not a machine (training.config.MAX_THREADS: the same)
+MAX_PROCESSES = 1 << 20  # torchrun's WORLD_SIZE / LOCAL_WORLD_SIZE, at most
+LAUNCH_VARS = ("WORLD_SIZE", "RANK", "LOCAL_WORLD_SIZE", "LOCAL_RANK")  # torchrun's
 
 
 def _env_value(name: str, allowed: tuple[str, ...]) -> str | None:
@@ -132,6 +134,13 @@ def _env_value(name: str, allowed: tuple[str, ...]) -> str | None:
     if raw not in allowed:
         raise MnistflowError(f"{name} must be {' or '.join(allowed)} (or unset), got {raw[:40]!r}")
     return raw
+
+
+class LaunchError(MnistflowError):
+    """A process's own launch environment (torchrun's variables) is wrong: every process says
+    so (``per_rank``), where the CLI prints other errors from each machine's first one only."""
+
+    per_rank = True
 
 
 def _env_int(name: str, low: int, high: int) -> int | None:
@@ -145,7 +154,8 @@ def _env_int(name: str, low: int, high: int) -> int | None:
     except ValueError:
         n = None
     if n is None or not low <= n <= high:
-        raise MnistflowError(f"{name} must be an integer from {low} to {high} (or unset), got {raw[:40]!r}")
+        error = LaunchError if name in LAUNCH_VARS else MnistflowError
+        raise error(f"{name} must be an integer from {low} to {high} (or unset), got {raw[:40]!r}")
     return n
 
 
@@ -154,15 +164,25 @@ def env_threads() -> int | None:
     return _env_int(THREADS_ENV, 1, MAX_THREADS)
 
 
+def launch_env() -> tuple[int, int, int, int]:
+    """(rank, world size, local rank, local world size) from torchrun's environment, (0, 1, 0,
+    1) without it; a value that is no whole number in range (a rank past the world size) is an
+    error. The one reader of those variables (``runtime.dist.env_info``)."""
+    world = _env_int("WORLD_SIZE", 1, MAX_PROCESSES) or 1
+    local_world = _env_int("LOCAL_WORLD_SIZE", 1, MAX_PROCESSES) or world
+    return (_env_int("RANK", 0, world - 1) or 0, world, _env_int("LOCAL_RANK", 0, local_world - 1) or 0,
+            local_world)
+
+
 def local_processes() -> int:
     """Training processes on this machine: torchrun's ``$LOCAL_WORLD_SIZE``, 1 without it."""
-    return _env_int("LOCAL_WORLD_SIZE", 1, 1 << 20) or 1
+    return _env_int("LOCAL_WORLD_SIZE", 1, MAX_PROCESSES) or 1
 
 
 def check_environment() -> None:
     """Every environment variable this module reads, checked at once (before a run starts)."""
     env_threads()
-    local_processes()
+    launch_env()
     _env_value(MALLOC_ENV, ("default",))
     _env_value(DENORMALS_ENV, ("keep",))
 

@@ -32,6 +32,7 @@ import torch.distributed as tdist
 
 from mnistflow.core.errors import MnistflowError
 from mnistflow.core.log import note
+from mnistflow.runtime.cpu import launch_env
 
 TIMEOUT_ENV = "MNISTFLOW_DIST_TIMEOUT"
 DEFAULT_TIMEOUT_S = 60.0
@@ -61,9 +62,7 @@ class DistInfo:
 
 def env_info() -> DistInfo:
     """Rank and world size from torchrun's environment (a single process without it)."""
-    ws = int(os.environ.get("WORLD_SIZE", 1))
-    return DistInfo(int(os.environ.get("RANK", 0)), ws, int(os.environ.get("LOCAL_RANK", 0)),
-                    int(os.environ.get("LOCAL_WORLD_SIZE", ws)))
+    return DistInfo(*launch_env())
 
 
 def timeout_s() -> float:

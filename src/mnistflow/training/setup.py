@@ -37,6 +37,7 @@ from mnistflow.runtime.cpu import (
     default_threads,
     env_threads,
     flush_denormals,
+    local_processes,
     set_threads,
     threads_for_load,
     tune_malloc,
@@ -57,7 +58,6 @@ from mnistflow.training.observe.tensorboard import TensorBoardLogger
 from mnistflow.training.optim import build_optimizer, net_parameters
 
 if TYPE_CHECKING:
-    from mnistflow.training.engine import LossFn
     from mnistflow.training.observe.console import ConsoleLogger
 
 WHITEN_IMAGES = 1000
@@ -85,7 +85,7 @@ def resolve_config(config: str | os.PathLike | None = None, **overrides) -> Trai
         chosen = get_recipe(recipe_name)
         if not given["target_split"] and (chosen.get("train_on") == "train+val" or chosen.get("validate") is False):
             overrides["target_split"] = "test"  # no validation pass: the final test pass judges it
-        if os.environ.get("RANK", "0") == "0" and not (overrides.get("quiet") or overrides.get("json")):
+        if dist.env_info().is_primary and not (overrides.get("quiet") or overrides.get("json")):
             note(why)
     recipe = get_recipe(recipe_name) if recipe_name else None
     for k in ("data", "run_dir", "resume", "init_from"):
@@ -235,7 +235,7 @@ def _threads_for_a_shared_machine() -> int | None:
     shares a core with a busy process slows every op: 2 spinning threads beside one took 4.6x
     their idle time on a Zen 4 VM, 2 passive ones 3.4x, 1 thread 1.2x (Zen 2: 2.4x, 1.3x,
     1.3x; benchmarks/busy_neighbour.py)."""
-    if os.environ.get("MNISTFLOW_THREADS") or int(os.environ.get("LOCAL_WORLD_SIZE", 1) or 1) > 1:
+    if env_threads() or local_processes() > 1:
         return None
     if openmp.chosen == "spin":  # mnistflow saw no other process running when it was imported
         return None
@@ -437,7 +437,7 @@ def rank_zero_observers(run: Run, console: ConsoleLogger, resume_step: int | Non
     return Observers(first, [w for w in (metrics, tb) if w is not None], profiler)
 
 
-def warm_up(run: Run, loss_fn: LossFn | None = None) -> None:
+def warm_up(run: Run) -> None:
     """One throw-away forward/backward, and one evaluation forward, outside the timer:
     first-call costs (oneDNN kernel selection, lazy imports in the optimizer) are paid in
     setup, not charged to training."""
