@@ -14,7 +14,7 @@ import os
 import sys
 from pathlib import Path
 
-from mnistflow.core.errors import MnistflowError
+from mnistflow.core.errors import MnistflowError, one_line
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: --help stays fast
 if TYPE_CHECKING:
@@ -25,7 +25,7 @@ PROG = "mnistflow"
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:  # one line, no usage dump
-        sys.stderr.write(f"{PROG}: error: {message} (see '{self.prog} --help')\n")
+        sys.stderr.write(f"{PROG}: error: {one_line(message)} (see '{self.prog} --help')\n")
         raise SystemExit(2)
 
 
@@ -484,7 +484,7 @@ def main(argv: list[str] | None = None) -> int:
     except MnistflowError as e:
         # under torchrun every rank raises it: print it once per machine; a lost peer is each rank's own
         if os.environ.get("LOCAL_RANK", "0") == "0" or getattr(e, "per_rank", False):
-            sys.stderr.write(f"{PROG}: error: {e}\n")
+            sys.stderr.write(f"{PROG}: error: {one_line(e)}\n")
         return 2
     except KeyboardInterrupt:
         sys.stderr.write(f"{PROG}: interrupted\n")
@@ -497,5 +497,5 @@ def main(argv: list[str] | None = None) -> int:
             raise
         from mnistflow.core.errors import os_error
 
-        sys.stderr.write(f"{PROG}: error: {os_error(e)}\n")  # any rank: it may be its own alone
+        sys.stderr.write(f"{PROG}: error: {one_line(os_error(e))}\n")  # any rank: it may be its own alone
         return 2

@@ -277,3 +277,18 @@ def test_nproc_checks_the_settings_before_starting_processes(monkeypatch, tmp_pa
 def test_models_counts_the_usual_inputs_on_the_cpu():
     # (inputs above META_ABOVE go to the meta device: tests/integration/test_hostile_cli.py)
     assert parameter_count("seed-cnn", (1, 28, 28), 10) == 3_274_634  # as `mnistflow models` shows
+
+
+def test_the_error_line_shows_control_characters_as_escapes(tmp_path, capsys):
+    """A file name may hold a newline or a terminal's escape codes: the error stays one line
+    and writes them as escapes, not raw to the terminal."""
+    from mnistflow.core.errors import one_line
+
+    assert one_line("a\nb\x1b]0;x\x07 \udcff é") == "a\\nb\\x1b]0;x\\x07 \\udcff é"
+    weird = tmp_path / "bad\nname\x1b[2J.png"
+    assert cli.main(["records", str(weird)]) == 2
+    line = one_line_error(capsys)
+    assert "\x1b" not in line and "bad\\nname\\x1b[2J.png" in line
+    with pytest.raises(SystemExit):
+        cli.main(["train", "--seed", "1\n2"])  # the parser's own error line too
+    assert "'1\\n2'" in one_line_error(capsys)

@@ -21,6 +21,13 @@ class MnistflowError(Exception):
         super().__init__(f"{self.path}: {message}" if self.path else message)
 
 
+def one_line(text: object) -> str:
+    """``text`` as it may appear in the one error line: control characters (a newline in a file
+    name, a terminal's escape codes) and undecodable bytes shown as Python escapes, so that the
+    line stays one line and writes nothing but text to the terminal."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(text))
+
+
 def fail(path: str | os.PathLike | None, message: str) -> "NoReturn":  # noqa: F821
     """Raise ``MnistflowError`` for ``path``; a one-liner for the parsers."""
     raise MnistflowError(message, path)
