@@ -16,15 +16,11 @@ from pathlib import Path
 
 from mnistflow.core.errors import MnistflowError, one_line
 
-TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: --help stays fast
-if TYPE_CHECKING:
-    from typing import NoReturn
-
 PROG = "mnistflow"
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:  # one line, no usage dump
+    def error(self, message: str) -> NoReturn:  # noqa: F821  (one line, no usage dump)
         sys.stderr.write(f"{PROG}: error: {one_line(message)} (see '{self.prog} --help')\n")
         raise SystemExit(2)
 
