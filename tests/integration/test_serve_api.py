@@ -161,6 +161,7 @@ BAD = [
     ("truncated png", None, IMG, 400, "could not be decoded"),
     ("png bomb", None, IMG, 413, "pixels"),
     ("invalid json", b'{"pixels": [[1, 2]', JSON, 400, "not valid JSON"),
+    ("an integer of 5,000 digits", b'{"pixels": [[' + b"9" * 5000 + b']]}', JSON, 400, "not valid JSON"),
     ("json without pixels", b'{"image": [[1]]}', JSON, 422, "pixels"),
     ("json list", b"[[1, 2], [3, 4]]", JSON, 422, "pixels"),
     ("ragged rows", b'{"pixels": [[1, 2], [3]]}', JSON, 422, "ragged"),
