@@ -85,10 +85,14 @@ def test_mirror_order_and_overrides(monkeypatch):
 
 
 @pytest.mark.parametrize("name,value,why", [
-    ("MNISTFLOW_DOWNLOAD_RETRIES", "-1", "an integer >= 0"),
-    ("MNISTFLOW_DOWNLOAD_RETRIES", "2.5", "an integer >= 0"),
-    ("MNISTFLOW_DOWNLOAD_TIMEOUT", "0", "a number of seconds > 0"),
-    ("MNISTFLOW_DOWNLOAD_TIMEOUT", "never", "a number of seconds > 0"),
+    ("MNISTFLOW_DOWNLOAD_RETRIES", "-1", "an integer from 0 to 1000"),
+    ("MNISTFLOW_DOWNLOAD_RETRIES", "2.5", "an integer from 0 to 1000"),
+    ("MNISTFLOW_DOWNLOAD_RETRIES", "99999999999", "an integer from 0 to 1000"),
+    ("MNISTFLOW_DOWNLOAD_TIMEOUT", "0", "a number of seconds > 0, at most 86400"),
+    ("MNISTFLOW_DOWNLOAD_TIMEOUT", "never", "a number of seconds > 0, at most 86400"),
+    ("MNISTFLOW_DOWNLOAD_TIMEOUT", "inf", "a number of seconds > 0, at most 86400"),  # (an OverflowError)
+    ("MNISTFLOW_DOWNLOAD_TIMEOUT", "1e400", "a number of seconds > 0, at most 86400"),
+    ("MNISTFLOW_DOWNLOAD_TIMEOUT", "nan", "a number of seconds > 0, at most 86400"),  # (was accepted)
 ])
 def test_bad_settings_are_one_line(monkeypatch, name, value, why):
     monkeypatch.setenv(name, value)

@@ -104,7 +104,8 @@ def mirrors(ds: KnownDataset) -> list[str]:
     return out
 
 
-def _setting(name: str, default: float, kind: type) -> float:
+def _setting(name: str, default: float, kind: type, most: float) -> float:
+    """``$name`` as a ``kind`` in (0, most] (float: seconds) or [0, most] (int: retries)."""
     raw = os.environ.get(name, "").strip()
     if not raw:
         return default
@@ -112,16 +113,16 @@ def _setting(name: str, default: float, kind: type) -> float:
         value = kind(raw)
     except ValueError:
         value = -1
-    if value < 0 or (kind is float and value == 0):
-        raise MnistflowError(f"${name}={raw!r}: expected "
-                             + ("a number of seconds > 0" if kind is float else "an integer >= 0"))
+    if not (0 <= value <= most) or (kind is float and value == 0):  # (False for nan)
+        raise MnistflowError(f"${name}={raw[:40]!r}: expected " + (
+            f"a number of seconds > 0, at most {most:g}" if kind is float else f"an integer from 0 to {most:g}"))
     return value
 
 
 def _settings() -> tuple[float, int]:
     """(timeout, retries): the module's constants, or the environment's."""
-    return (_setting("MNISTFLOW_DOWNLOAD_TIMEOUT", TIMEOUT, float),
-            int(_setting("MNISTFLOW_DOWNLOAD_RETRIES", RETRIES, int)))
+    return (_setting("MNISTFLOW_DOWNLOAD_TIMEOUT", TIMEOUT, float, 86400.0),  # (inf overflowed the socket)
+            int(_setting("MNISTFLOW_DOWNLOAD_RETRIES", RETRIES, int, 1000)))
 
 
 def _md5_file(path: Path) -> str:

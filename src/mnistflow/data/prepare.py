@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 from pathlib import Path
 
 from mnistflow.data import datasets
@@ -25,6 +26,8 @@ from mnistflow.core.paths import home
 from mnistflow.core.progress import stages, write
 from mnistflow.core.fsutil import sha256_file
 from mnistflow.core.errors import MnistflowError
+
+MAX_VARIANTS = 100  # augmented copies of train (prep --variants); each is a full copy
 
 
 def _source_files(dataset: str | None, data: Path | None) -> tuple[str, list[Path]]:
@@ -109,8 +112,9 @@ def prepare(dataset: str | None = None, data: str | Path | None = None,
     dataset, data = _resolve_input(dataset, data)
     if data is not None and dataset is None and detect_format(data) == "records":
         return data
-    if variants < 0:
-        raise MnistflowError(f"--variants must be >= 0, got {variants}")
+    if not 0 <= variants <= MAX_VARIANTS:
+        raise MnistflowError(f"--variants must be from 0 to {MAX_VARIANTS}, got {variants} (each is a "
+                             "full augmented copy of the training images)")
     name, files = _source_files(dataset, data)
     if not files:
         raise MnistflowError("is empty: no files to read", data)
@@ -147,6 +151,7 @@ def prepare(dataset: str | None = None, data: str | Path | None = None,
         if val_size is None:  # 5000 for the MNIST family; a tenth of a small set
             val_size = min(5000, len(raw.train.y) // 10)
         stage("write")
+        _check_room(out, raw, variants)
         write_records(raw, out, key=key, options=options, source_checksums=sums, val_size=val_size,
                       seed=seed, variants=variants, force=replace)
     if not quiet:
@@ -155,6 +160,19 @@ def prepare(dataset: str | None = None, data: str | Path | None = None,
               + (f" + {variants} augmented copies" if variants else "")
               + f"; {raw.num_classes} classes, labels {summarize_values(raw.values)}")
     return out
+
+
+def _check_room(out: Path, raw: RawDataset, variants: int) -> None:
+    """Refuse, before writing, records that would not fit in the free space where they go
+    (each augmented variant a full copy of the training images): not a disk filled to the
+    last byte by an error that comes hours later."""
+    need = sum(part.x.nbytes + part.y.nbytes for part in (raw.train, raw.test) if part is not None)
+    need += variants * raw.train.x.nbytes
+    where = next((p for p in (out, *out.parents) if p.exists()), Path.cwd())
+    free = shutil.disk_usage(where).free
+    if need > free:
+        raise MnistflowError(f"the records need ~{need / 2**30:.2f} GiB ({variants} augmented copies of "
+                             f"train); {free / 2**30:.2f} GiB are free there", out)
 
 
 _NONE = object()  # open_data's "no fallback given" (None is a model that recorded no records)

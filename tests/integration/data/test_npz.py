@@ -135,3 +135,28 @@ def test_cli_pickled_npz(tmp_path, mnist_dir):
     proc = run_cli("prep", "--data", str(p), "--out", str(out), "--val-size", "5")
     assert_one_line_error(proc, "evil.npz", "pickle")
     assert not out.exists() and not list(tmp_path.glob(".rec.tmp-*"))
+
+
+def test_prep_refuses_more_variants_than_the_cap_and_records_that_would_not_fit(tmp_path, mnist_dir, monkeypatch):
+    """--variants 1000000000 started writing thousands of full copies of train until the disk
+    filled: a cap, and a check of the free space before anything is written."""
+    import collections
+
+    import mnistflow
+    from mnistflow.data import prepare as prep
+
+    x, y = digits(mnist_dir, n=200)
+    src = tmp_path / "d.npz"
+    np.savez(src, x_train=x[:150], y_train=y[:150], x_test=x[150:], y_test=y[150:])
+    with pytest.raises(MnistflowError, match=r"--variants must be from 0 to 100, got 1000000000"):
+        mnistflow.prepare(data=src, out=tmp_path / "r0", variants=10**9, val_size=10, quiet=True)
+    need = 150 * 784 * 3 + 50 * 784  # train and 2 copies, test (bytes, labels aside)
+    usage = collections.namedtuple("usage", "total used free")
+    monkeypatch.setattr(prep.shutil, "disk_usage", lambda p: usage(1 << 40, 0, need - 1))
+    with pytest.raises(MnistflowError, match=r"r1: the records need ~0\.00 GiB \(2 augmented copies of "
+                                             r"train\); 0\.00 GiB are free there"):
+        mnistflow.prepare(data=src, out=tmp_path / "r1", variants=2, val_size=10, quiet=True)
+    assert not (tmp_path / "r1").exists()
+    monkeypatch.setattr(prep.shutil, "disk_usage", lambda p: usage(1 << 40, 0, 1 << 30))
+    out = mnistflow.prepare(data=src, out=tmp_path / "r1", variants=2, val_size=10, quiet=True)
+    assert mnistflow.open_records(out).variants == 2
