@@ -191,3 +191,24 @@ def test_d11_sigterm_during_prep_removes_the_temporary_set(tmp_path, monkeypatch
     assert calls and not calls[0].exists()  # the half-written set is gone
     assert sorted(p.name for p in tmp_path.iterdir()) == []
     assert signal.getsignal(signal.SIGTERM) == before  # the handler is put back
+
+
+def test_two_preps_of_different_datasets_into_one_out_at_once_lose_nothing(tmp_path, monkeypatch):
+    """Both checked ``--out`` before either wrote it, and both succeeded: the records the
+    first wrote were replaced without a word. The second is refused at the swap now."""
+    import dataclasses
+
+    out = tmp_path / "recs"
+    first = dataclasses.replace(raw_dataset(300, 100), name="first")
+    real_sweep = records.sweep_stale
+
+    def the_other_prep_finishes_meanwhile(path):  # after the first check, before the swap
+        monkeypatch.setattr(records, "sweep_stale", real_sweep)
+        write_records(first, out, key="a", options={}, source_checksums={}, val_size=50)
+        real_sweep(path)
+
+    monkeypatch.setattr(records, "sweep_stale", the_other_prep_finishes_meanwhile)
+    with pytest.raises(MnistflowError, match="holds the records of another dataset \\('first', not 'synthetic'\\)"):
+        write_records(raw_dataset(300, 100), out, key="b", options={}, source_checksums={}, val_size=50)
+    assert open_records(out).name == "first"
+    assert [p.name for p in tmp_path.iterdir()] == ["recs"]  # no temporary folder left

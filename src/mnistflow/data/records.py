@@ -314,7 +314,7 @@ def _write(raw: RawDataset, out: Path, tmp: Path, tr_idx: np.ndarray, va_idx: np
         json.dump(meta, f, indent=1)
         f.flush()
         os.fsync(f.fileno())
-    _replace_dir(tmp, out, force)
+    _replace_dir(tmp, out, force, raw.name)
 
 
 def check_classes(raw: RawDataset, labels: dict[str, np.ndarray], val_size: int) -> tuple[int, ...]:
@@ -425,10 +425,11 @@ def _sigterm_as_exit() -> Iterator[None]:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
-def _replace_dir(tmp: Path, out: Path, force: bool) -> None:
-    """Rename ``tmp`` to ``out``; an existing ``out`` is swapped away only after success."""
+def _replace_dir(tmp: Path, out: Path, force: bool, name: str) -> None:
+    """Rename ``tmp`` (records of dataset ``name``) to ``out``; an existing ``out`` is swapped
+    away only after success."""
     if os.path.lexists(out):
-        check_replaceable(out, None, force)  # again: something may have appeared meanwhile
+        check_replaceable(out, name, force)  # again: another prep may have written it meanwhile
         old = out.with_name(f".{out.name}.old-{_owner()}")
         os.rename(out, old)
         os.rename(tmp, out)
