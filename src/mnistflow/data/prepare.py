@@ -17,6 +17,8 @@ import os
 import shutil
 from pathlib import Path
 
+import numpy as np
+
 from mnistflow.data import datasets
 from mnistflow.data.records import (FORMAT_VERSION, Records, check_replaceable, open_records,
                                     read_meta, write_records)
@@ -28,6 +30,8 @@ from mnistflow.core.fsutil import sha256_file
 from mnistflow.core.errors import MnistflowError
 
 MAX_VARIANTS = 100  # augmented copies of train (prep --variants); each is a full copy
+MAX_SEED = 2**32 - 1  # of the train/val split (as train's --seed)
+MAX_SIDE = 4096  # pixels of --resize (as the CLI's MAX_SIDE)
 
 
 def _source_files(dataset: str | None, data: Path | None) -> tuple[str, list[Path]]:
@@ -112,9 +116,7 @@ def prepare(dataset: str | None = None, data: str | Path | None = None,
     dataset, data = _resolve_input(dataset, data)
     if data is not None and dataset is None and detect_format(data) == "records":
         return data
-    if not 0 <= variants <= MAX_VARIANTS:
-        raise MnistflowError(f"--variants must be from 0 to {MAX_VARIANTS}, got {variants} (each is a "
-                             "full augmented copy of the training images)")
+    _check_options(val_size, seed, variants, resize, max_pixels)
     name, files = _source_files(dataset, data)
     if not files:
         raise MnistflowError("is empty: no files to read", data)
@@ -160,6 +162,28 @@ def prepare(dataset: str | None = None, data: str | Path | None = None,
               + (f" + {variants} augmented copies" if variants else "")
               + f"; {raw.num_classes} classes, labels {summarize_values(raw.values)}")
     return out
+
+
+def _whole(name: str, value: object, low: int, high: int, why: str = "") -> None:
+    """``value`` a whole number in [low, high] (not a bool, not 1.5), else the error line."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not low <= value <= high:
+        raise MnistflowError(f"{name} must be an integer from {low} to {high}{why}, got {value!r}")
+
+
+def _check_options(val_size: object, seed: object, variants: object, resize: object,
+                   max_pixels: object) -> None:
+    """prepare()'s options, checked as the CLI's flags are (the Python API gets the same lines)."""
+    if val_size is not None:
+        _whole("--val-size", val_size, 0, 2**63 - 1)
+    _whole("--seed", seed, 0, MAX_SEED)
+    _whole("--variants", variants, 0, MAX_VARIANTS, " (each is a full augmented copy of the training images)")
+    if resize is not None:
+        if not isinstance(resize, (tuple, list)) or len(resize) != 2:
+            raise MnistflowError(f"--resize must be (height, width), got {resize!r}")
+        for side in resize:
+            _whole("--resize", side, 1, MAX_SIDE)
+    if max_pixels is not None:
+        _whole("max_pixels", max_pixels, 1, 2**63 - 1)
 
 
 def _check_room(out: Path, raw: RawDataset, variants: int) -> None:

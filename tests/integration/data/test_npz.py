@@ -1,6 +1,8 @@
 """Keras-style .npz: round trips, dtypes and shapes, refusing pickles, errors, the CLI."""
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -148,8 +150,19 @@ def test_prep_refuses_more_variants_than_the_cap_and_records_that_would_not_fit(
     x, y = digits(mnist_dir, n=200)
     src = tmp_path / "d.npz"
     np.savez(src, x_train=x[:150], y_train=y[:150], x_test=x[150:], y_test=y[150:])
-    with pytest.raises(MnistflowError, match=r"--variants must be from 0 to 100, got 1000000000"):
+    with pytest.raises(MnistflowError, match=r"--variants must be an integer from 0 to 100 \(each is a full "
+                                             r"augmented copy of the training images\), got 1000000000"):
         mnistflow.prepare(data=src, out=tmp_path / "r0", variants=10**9, val_size=10, quiet=True)
+    bad = [(dict(seed=-1), "--seed must be an integer from 0 to 4294967295, got -1"),  # (numpy's ValueError)
+           (dict(seed=2**40), "--seed must be an integer from 0 to 4294967295"),  # (was accepted)
+           (dict(val_size="5"), "--val-size must be an integer from 0 to"),  # (a TypeError)
+           (dict(variants=1.5), "--variants must be an integer from 0 to 100"),  # (a TypeError)
+           (dict(resize=(100000, 100000)), "--resize must be an integer from 1 to 4096, got 100000"),
+           (dict(resize=(28,)), "--resize must be (height, width), got (28,)")]
+    for kwargs, message in bad:
+        with pytest.raises(MnistflowError, match=re.escape(message)):
+            mnistflow.prepare(data=src, out=tmp_path / "r0", quiet=True, **kwargs)
+    assert not (tmp_path / "r0").exists()
     need = 150 * 784 * 3 + 50 * 784  # train and 2 copies, test (bytes, labels aside)
     usage = collections.namedtuple("usage", "total used free")
     monkeypatch.setattr(prep.shutil, "disk_usage", lambda p: usage(1 << 40, 0, need - 1))
