@@ -382,7 +382,8 @@ def _add_export(sub) -> None:
     p = sub.add_parser("export", help="a trained model as ONNX (verified), npz or safetensors")
     p.add_argument("model", type=Path, help="a run directory, a checkpoint or a model file")
     p.add_argument("--format", required=True, choices=["onnx", "npz", "safetensors"])
-    p.add_argument("--out", type=Path, help="file to write (default: next to the model)")
+    p.add_argument("--out", help="file to write (default: next to the model)")  # str: keeps a trailing /
+    p.add_argument("--force", action="store_true", help="replace the --out file (and its .int8.onnx) if it exists")
     p.add_argument("--only", action="append", metavar="GLOB",
                    help="npz/safetensors: only names matching GLOB, e.g. 'conv*' (repeatable)")
     p.add_argument("--quantize", choices=["int8"], help="onnx: also write an int8 model and compare it")
@@ -397,7 +398,7 @@ def _run_export(a) -> int:
 
     from mnistflow.exporting import export, format_export
 
-    res = export(a.model, a.format, a.out, a.only, a.quantize, model_name=a.model_name, data=a.data)
+    res = export(a.model, a.format, a.out, a.only, a.quantize, model_name=a.model_name, data=a.data, force=a.force)
     print(json.dumps(res) if a.json else format_export(res))
     return 0
 
@@ -426,6 +427,7 @@ def _add_report(sub) -> None:
     p = sub.add_parser("report", help="plots (curves, confusion matrix, mistakes) and one HTML page of a run")
     p.add_argument("run_dir", type=Path, help="a run directory")
     p.add_argument("--out", type=Path, help="folder to write (default: RUN_DIR/report)")
+    p.add_argument("--force", action="store_true", help="write into an --out folder that is not empty")
     p.add_argument("--compare", nargs="+", type=Path, default=[], metavar="RUN_DIR",
                    help="overlay the curves of these runs too")
     p.add_argument("--data", type=Path, help="records for the test images (default: the model's own)")
@@ -437,7 +439,7 @@ def _run_report(a) -> int:
     from mnistflow.core.errors import display
     from mnistflow.reporting import build_report
 
-    html, pngs = build_report(a.run_dir, a.out, a.compare, data=a.data, device=a.device)
+    html, pngs = build_report(a.run_dir, a.out, a.compare, data=a.data, device=a.device, force=a.force)
     print("\n".join(display(p) for p in [*pngs, html]))
     return 0
 

@@ -116,11 +116,51 @@ def default_out(src: Path, fmt: str, suffix: str = "") -> Path:
     return folder / f"{src.stem}{suffix}{EXT[fmt]}"
 
 
+def int8_path(out: Path) -> Path:
+    """Where ``--quantize int8`` writes the int8 model: ``m.onnx`` -> ``m.int8.onnx``."""
+    return out.with_name(out.name.removesuffix(".onnx") + ".int8.onnx")
+
+
+def _real(p: Path) -> str:
+    """``p`` with its symlinks resolved as far as they go (a symlink loop stays as it is,
+    where ``Path.resolve`` raises ``RuntimeError`` before Python 3.13)."""
+    return os.path.realpath(p)
+
+
+def _check_out_name(raw: str, fmt: str) -> None:
+    """``--out`` as typed: a file name, with this format's suffix if with any known one."""
+    if raw.endswith(("/", os.sep)) or os.path.basename(raw) in ("", ".", ".."):
+        raise MnistflowError(f"ends with '{os.path.basename(raw) or '/'}', a folder; --out names the file "
+                             f"to write (e.g. {os.path.join(raw, 'model' + EXT[fmt])})", raw)
+    suffix = Path(raw).suffix.lower()
+    other = next((f for f, ext in EXT.items() if ext == suffix and f != fmt), None)
+    if other:
+        raise MnistflowError(f"the name of an {other} file, not {fmt}: name it *{EXT[fmt]} "
+                             f"(or pass --format {other})", raw)
+
+
+def _check_free(path: Path, force: bool, what: str = "") -> None:
+    """A file the user named is written only where nothing is, unless ``force``; a folder
+    (or anything that is not a file or a link) is never replaced."""
+    if os.path.isdir(path):
+        raise MnistflowError(f"is a directory, not a file{what}", path)
+    if os.path.lexists(path):
+        if not (path.is_symlink() or path.is_file()):
+            raise MnistflowError(f"is not a regular file{what}; not replaced", path)
+        if not force:
+            raise MnistflowError(f"already exists{what}; --force replaces it", path)
+
+
 def export(model_path: str | Path, format: str, out: str | Path | None = None,
            only: str | Iterable[str] | None = None, quantize: str | None = None, *,
            model_name: str | None = None, data: str | Path | None = None,
-           verify_images: int | None = None) -> dict:
-    """Python twin of ``mnistflow export``; returns what was written and measured."""
+           verify_images: int | None = None, force: bool = False) -> dict:
+    """Python twin of ``mnistflow export``; returns what was written and measured.
+
+    ``out`` (``--out``): the file to write; one that exists (or, with ``quantize``, an int8
+    model beside it that exists) is refused unless ``force``. Without ``out`` the export goes
+    next to the model (``default_out``), replacing an earlier export there: it is derived
+    from the run and made again from it."""
     fmt = format.lower()
     if fmt not in FORMATS:
         raise MnistflowError(f"unknown export format '{format}' (known: {', '.join(FORMATS)})")
@@ -132,24 +172,37 @@ def export(model_path: str | Path, format: str, out: str | Path | None = None,
     if patterns and fmt == "onnx":
         raise MnistflowError("--only selects parameters for npz/safetensors; ONNX needs the whole model")
     src = Path(model_path)
+    named = out is not None
+    if named:
+        _check_out_name(os.fspath(out), fmt)
+    source_file = _real(RunDir(src).model if src.is_dir() else src)
+    if out is None:
+        out = default_out(src, fmt)
+        if _real(out) == source_file:  # e.g. safetensors of a run: RUN/model.weights.safetensors
+            out = default_out(src, fmt, ".weights")
+    out = Path(out)
+    if _real(out) == source_file:
+        raise MnistflowError("would overwrite the source model; pass another --out FILE", out)
+
+    def free() -> None:  # before the model loads, and again before writing (verifying takes time)
+        if named:  # the defaults are re-made from the run: replaced
+            _check_free(out, force)
+            if quantize:
+                _check_free(int8_path(out), force, f" (the int8 model written beside {out})")
+
+    free()
     model, info = load_any(src, model_name, "cpu", data=data)
     if isinstance(model, OnnxBackend):
         raise MnistflowError("already an ONNX model; export from the run directory, a checkpoint, "
                              "model.safetensors or an npz", src)
-    source_file = (RunDir(src).model if src.is_dir() else src).resolve()
-    if out is None:
-        out = default_out(src, fmt)
-        if out.resolve() == source_file:  # e.g. safetensors of a run: RUN/model.weights.safetensors
-            out = default_out(src, fmt, ".weights")
-    out = Path(out)
-    if out.resolve() == source_file:
-        raise MnistflowError("would overwrite the source model; pass another --out FILE", out)
     res: dict = {"format": fmt, "source": str(src), "model": info.model, "out": str(out)}
     sd = {k: v.detach().cpu() for k, v in unwrap(model).state_dict().items()}
     chosen = {k: v for k, v in sd.items() if selected(k, patterns)}
     if patterns and not chosen:
         raise MnistflowError(f"--only {','.join(patterns)} matches no name (names: "
                              f"{', '.join(list(sd)[:8])}{' ...' if len(sd) > 8 else ''})")
+    if fmt != "onnx":
+        free()
     if fmt == "npz":
         arrays = {k: (v.float() if v.dtype == torch.bfloat16 else v).numpy() for k, v in chosen.items()}
         write_npz(out, arrays, info)
@@ -161,18 +214,19 @@ def export(model_path: str | Path, format: str, out: str | Path | None = None,
                                      metadata={META_KEY: info.to_json()}))
         res.update(names=len(chosen), values=int(sum(v.numel() for v in chosen.values())))
     else:
-        res.update(_export_onnx(model, info, out, quantize, data, verify_images))
+        res.update(_export_onnx(model, info, out, quantize, data, verify_images, free))
     res["bytes"] = out.stat().st_size
     return res
 
 
-def _export_onnx(model, info: ModelInfo, out: Path, quantize, data, verify_images) -> dict:
+def _export_onnx(model, info: ModelInfo, out: Path, quantize, data, verify_images, free) -> dict:
     names = ["convert to ONNX", "verify", *(["int8"] if quantize == "int8" else [])]
     with stages(names, "export") as stage:  # a bar on a terminal: these take seconds each
-        return _export_onnx_stages(stage, model, info, out, quantize, data, verify_images)
+        return _export_onnx_stages(stage, model, info, out, quantize, data, verify_images, free)
 
 
-def _export_onnx_stages(stage, model, info: ModelInfo, out: Path, quantize, data, verify_images) -> dict:
+def _export_onnx_stages(stage, model, info: ModelInfo, out: Path, quantize, data, verify_images, free) -> dict:
+    """Convert, verify (and quantize), then ``free()`` (the outputs may be written), write."""
     stage("convert to ONNX")
     t0 = time.perf_counter()
     blob = to_onnx(model, info)
@@ -192,18 +246,27 @@ def _export_onnx_stages(stage, model, info: ModelInfo, out: Path, quantize, data
     if agree < 0.999 or max_diff > 1e-3 * max(scale, 1.0) or one.shape != (1, info.num_classes):
         raise MnistflowError(f"the ONNX model does not match PyTorch (max abs diff {max_diff:.3g}, "
                              f"labels agree on {100 * agree:.2f}% of {len(x):,} images); not written")
-    atomic_write_bytes(out, blob)
     res = {"export_s": round(export_s, 2), "verified_on": f"{len(x):,} images ({split})",
            "n_images": len(x), "max_abs_diff": max_diff, "label_agreement": agree,
            "torch_acc": _accuracy(ref, y), "onnx_acc": _accuracy(got, y)}
-    if quantize == "int8":
+    if quantize != "int8":
+        free()
+        atomic_write_bytes(out, blob)
+    else:  # both made before either is written: a failed quantization writes neither
         stage("int8")
         xc_u8, _, _ = _calibration_images(info, data)
         qblob = quantize_int8(blob, _normalized(xc_u8, info))
-        qout = out.with_name(out.name[: -len(".onnx")] + ".int8.onnx") if out.name.endswith(".onnx") \
-            else out.with_name(out.name + ".int8.onnx")
+        qout = int8_path(out)
         qlogits = OnnxBackend(session(qblob), info).run(x)
-        atomic_write_bytes(qout, qblob)
+        free()
+        new = not os.path.lexists(out)
+        atomic_write_bytes(out, blob)
+        try:
+            atomic_write_bytes(qout, qblob)
+        except BaseException:
+            if new:  # not one model of the pair without the other
+                out.unlink(missing_ok=True)
+            raise
         res["int8"] = {"out": str(qout), "bytes": qout.stat().st_size, "acc": _accuracy(qlogits, y),
                        "label_agreement": float((qlogits.argmax(1) == ref.argmax(1)).mean()),
                        "max_abs_diff": float(np.abs(qlogits - ref).max()),

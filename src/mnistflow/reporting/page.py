@@ -9,7 +9,7 @@ from html import escape
 from mnistflow.artifacts.rundir import RunDir
 from mnistflow.artifacts.runlog import end_of_run_table
 from mnistflow.core.errors import display
-from mnistflow.reporting.run import RunLog, SplitPredictions
+from mnistflow.reporting.run import RunLog, SplitPredictions, table_missing
 
 HTML_FILE = "index.html"
 
@@ -88,8 +88,12 @@ def render_html(run: RunLog, res: SplitPredictions, pngs: dict[str, bytes], comp
         '<div class="cards">' + "".join(f"<div class=card><b>{escape(v)}</b><span>{escape(k)}</span></div>"
                                         for k, v in cards) + "</div>",
     ]
-    if s:
+    missing = table_missing(s, target) if s else []
+    if s and not missing:
         parts.append(f"<h2>End of run</h2><pre>{escape(end_of_run_table(s, target))}</pre>")
+    elif s:
+        parts.append("<h2>End of run</h2><p>summary.json lacks what the end-of-run table shows "
+                     f"({escape(', '.join(missing))}).</p>")
     else:
         parts.append("<h2>End of run</h2><p>This run has no summary.json: it did not finish "
                      "(the model is its newest checkpoint).</p>")
@@ -101,7 +105,7 @@ def render_html(run: RunLog, res: SplitPredictions, pngs: dict[str, bytes], comp
         if name == "compare.png":
             parts.append(_compare_table([run, *compared]))
     if run.config_text:
-        rows = "".join(f"<tr><td>{escape(k)}</td><td>{escape(json.dumps(v))}</td></tr>"
+        rows = "".join(f"<tr><td>{escape(k)}</td><td>{escape(json.dumps(v, default=str))}</td></tr>"
                        for k, v in run.config.items() if k != "version")
         parts.append("<h2>Configuration</h2><p>From config.toml: <code>mnistflow train --config "
                      f"{escape(display(RunDir(run.path).config))}</code> runs it again.</p><table>{rows}</table>")

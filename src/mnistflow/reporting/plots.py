@@ -12,7 +12,7 @@ from types import ModuleType
 
 import numpy as np
 
-from mnistflow.reporting.run import RunLog, SplitPredictions
+from mnistflow.reporting.run import RunLog, SplitPredictions, is_number
 
 DPI = 100
 # name -> (width, height) in inches; at DPI the PNGs have exactly these sizes x 100 pixels.
@@ -59,8 +59,7 @@ def _no_data(ax, what: str) -> None:
 
 
 def _col(rows: list[dict], key: str) -> tuple[list[int], list[float]]:
-    pts = [(r["step"], r[key]) for r in rows if isinstance(r.get(key), (int, float))
-           and math.isfinite(r[key])]
+    pts = [(r["step"], r[key]) for r in rows if is_number(r.get(key))]
     return [s for s, _ in pts], [v for _, v in pts]
 
 
@@ -266,7 +265,7 @@ def plot_compare(runs: list[RunLog]) -> bytes:
         ys_all: list[float] = []
         for n, run in enumerate(runs):
             rows = getattr(run, kind)
-            pts = [r for r in rows if isinstance(r.get(key), (int, float)) and math.isfinite(r[key])]
+            pts = [r for r in rows if is_number(r.get(key))]
             if not pts:
                 continue
             ys = [r[key] * (100 if key == "acc" else 1) for r in pts]

@@ -1,17 +1,137 @@
 """What a report is drawn from: a run directory's own files (``RunLog``) and the trained model
-run once over the test split of its records (``SplitPredictions``)."""
+run once over the test split of its records (``SplitPredictions``).
+
+The run's files are read with a cap (``MAX_METRICS_BYTES``, ``MAX_SMALL_BYTES``): memory stays
+bounded whatever a directory holds, and a file that is not a regular one (a FIFO would block
+the read) is refused. What a tampered ``summary.json`` or ``config.toml`` holds is checked
+before it is shown: a field of the wrong type is one error line naming the file and field.
+"""
 from __future__ import annotations
 
 import json
+import math
+import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from mnistflow.artifacts.rundir import METRICS, SUMMARY, RunDir
-from mnistflow.artifacts.runlog import read_metrics
+from mnistflow.artifacts.rundir import METRICS, RunDir
 from mnistflow.core import compat
-from mnistflow.core.errors import MnistflowError
+from mnistflow.core.errors import MnistflowError, os_error
+
+MAX_METRICS_BYTES = 64 << 20  # metrics.jsonl: ~250,000 logged steps (log less often for longer runs)
+MAX_SMALL_BYTES = 4 << 20  # summary.json, config.toml: a few KiB when a training writes them
+# the fields of a metrics.jsonl record a report draws (the rest is not kept in memory)
+METRIC_KEYS = ("kind", "step", "epoch", "loss", "acc", "lr", "img_per_s", "data_wait_frac")
+# summary.json fields shown as numbers (each may be null, or missing: then not shown)
+SUMMARY_NUMBERS = ("wall_s", "time_to_target_s", "epochs", "steps", "img_per_s", "train_s", "train_img_per_s",
+                   "data_wait_frac", "peak_rss_mb", "val_acc", "test_acc", "tta", "gpu_peak_allocated_mb",
+                   "gpu_peak_reserved_mb")
+# what the end-of-run table needs (present, a number unless null is allowed)
+TABLE_FIELDS = ("wall_s", "img_per_s", "train_img_per_s", "data_wait_frac", "peak_rss_mb", "val_acc",
+                "test_acc", "run_dir")
+NULLABLE = ("time_to_target_s", "train_img_per_s", "data_wait_frac", "val_acc", "test_acc")
+
+
+def is_number(v) -> bool:
+    """A finite int or float that fits a float (not a bool, not a 400-digit integer)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return False
+    try:
+        return math.isfinite(v)
+    except OverflowError:
+        return False
+
+
+def _open_regular(path: Path, cap: int):
+    """``path`` opened for reading, or None if it is not there; refused if it is not a regular
+    file (a FIFO would block, a device may never end) or is larger than ``cap`` bytes."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise os_error(e, path) from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise MnistflowError("is not a regular file", path)
+        if st.st_size > cap:
+            raise MnistflowError(f"is {st.st_size / 2**20:,.0f} MiB, more than the {cap >> 20} MiB a "
+                                 "report reads of it", path)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _read_small(path: Path) -> str | None:
+    """The text of a small run file (summary.json, config.toml), or None if there is none."""
+    f = _open_regular(path, MAX_SMALL_BYTES)
+    if f is None:
+        return None
+    try:
+        with f:
+            data = f.read(MAX_SMALL_BYTES + 1)
+    except OSError as e:
+        raise os_error(e, path) from None
+    if len(data) > MAX_SMALL_BYTES:  # grew since it was measured
+        raise MnistflowError(f"is more than the {MAX_SMALL_BYTES >> 20} MiB a report reads of it", path)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise MnistflowError(f"is not UTF-8 text (byte {e.start})", path) from None
+
+
+def read_metrics_capped(path: Path) -> list[dict]:
+    """The records of a metrics.jsonl, line by line, at most ``MAX_METRICS_BYTES`` of it; a torn
+    or undecodable line, or one that is not a JSON object, is skipped (as a crash leaves the
+    last line). Only the fields a report draws are kept."""
+    f = _open_regular(path, MAX_METRICS_BYTES)
+    if f is None:
+        raise MnistflowError(f"no {METRICS} in this directory (is it a run directory?)", path.parent)
+    out, seen = [], 0
+    try:
+        with f:
+            for line in f:
+                seen += len(line)
+                if seen > MAX_METRICS_BYTES:  # grew since it was measured: the rest is not read
+                    break
+                try:
+                    rec = json.loads(line)
+                except (ValueError, RecursionError):
+                    continue
+                if isinstance(rec, dict):
+                    out.append({k: rec[k] for k in METRIC_KEYS if k in rec})
+    except OSError as e:
+        raise os_error(e, path) from None
+    return out
+
+
+def _type(v) -> str:
+    return "null" if v is None else {dict: "an object", list: "a list", str: "a string",
+                                     bool: "a boolean"}.get(type(v), f"{v!r}")
+
+
+def check_summary(summary, path: Path) -> dict:
+    """``summary`` (parsed summary.json) if it is an object whose numeric fields are numbers."""
+    if not isinstance(summary, dict):
+        raise MnistflowError(f"is {_type(summary)}, not a JSON object of the run's figures", path)
+    for k in SUMMARY_NUMBERS:
+        v = summary.get(k)
+        if v is not None and not is_number(v):
+            raise MnistflowError(f"'{k}' is {_type(v)}, not a number", path)
+    return summary
+
+
+def table_missing(summary: dict, target) -> list[str]:
+    """The fields the end-of-run table needs that ``summary`` lacks (or holds null where a
+    number is needed)."""
+    need = [*TABLE_FIELDS, *(["time_to_target_s"] if target is not None else []),
+            *(["gpu_peak_reserved_mb"] if "gpu_peak_allocated_mb" in summary else [])]
+    return [k for k in need if k not in summary or (summary[k] is None and k not in NULLABLE)]
 
 
 @dataclass
@@ -34,7 +154,7 @@ class RunLog:
     def steps_per_epoch(self) -> float | None:
         """From any training line: ``epoch`` is ``step / steps_per_epoch``."""
         for r in self.train:
-            if r.get("epoch"):
+            if is_number(r.get("epoch")) and r["epoch"] > 0:
                 return r["step"] / r["epoch"]
         return None
 
@@ -76,8 +196,8 @@ class SplitPredictions:
 
 def _by_step(rows: list[dict]) -> list[dict]:
     """Sorted by step, the last record of a step winning (a resumed run logs some again)."""
-    return sorted({r["step"]: r for r in rows if isinstance(r.get("step"), int)}.values(),
-                  key=lambda r: r["step"])
+    return sorted({r["step"]: r for r in rows if is_number(r.get("step")) and isinstance(r["step"], int)
+                   and 0 <= r["step"] < 2**53}.values(), key=lambda r: r["step"])
 
 
 def load_run(run_dir: str | Path) -> RunLog:
@@ -85,23 +205,27 @@ def load_run(run_dir: str | Path) -> RunLog:
     run = RunDir(run_dir)
     if not run.path.is_dir():
         raise MnistflowError("no such run directory", run.path)
-    if not run.metrics.is_file():
-        raise MnistflowError(f"no {METRICS} in this directory (is it a run directory?)", run.path)
-    recs = read_metrics(run.metrics)
+    recs = read_metrics_capped(run.metrics)
     kinds = {k: _by_step([r for r in recs if r.get("kind") == k]) for k in ("train", "val", "test")}
     summary = None
-    if run.summary.is_file():
+    text = _read_small(run.summary)
+    if text is not None:
         try:
-            summary = json.loads(run.summary.read_text())
-        except ValueError:
-            raise MnistflowError(f"{SUMMARY} is not valid JSON", run.summary) from None
-    text, config = "", {}
-    if run.config.is_file():
-        text = run.config.read_text()
+            summary = check_summary(json.loads(text), run.summary)
+        except (ValueError, RecursionError):
+            raise MnistflowError("is not valid JSON", run.summary) from None
+    config = {}
+    text = _read_small(run.config) or ""
+    if text:
         try:
             config = compat.tomllib().loads(text)
         except compat.tomllib().TOMLDecodeError as e:
             raise MnistflowError(f"not valid TOML ({e})", run.config) from None
+        except RecursionError:
+            raise MnistflowError("not valid TOML (nested too deeply)", run.config) from None
+        target = config.get("target_acc")
+        if target is not None and not is_number(target):
+            raise MnistflowError(f"target_acc is {_type(target)}, not a number", run.config)
     return RunLog(run.path, kinds["train"], kinds["val"], kinds["test"], summary, config, text)
 
 
