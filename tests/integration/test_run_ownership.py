@@ -141,3 +141,44 @@ def test_a_bad_data_delay_is_one_line(mnist_records, tmp_path):
     proc = run_cli(*_softmax(mnist_records, tmp_path / "r"), env={"MNISTFLOW_INJECT_DATA_DELAY": "nan"})
     assert_one_line_error(proc, "MNISTFLOW_INJECT_DATA_DELAY must be a finite number of seconds >= 0")
     assert not (tmp_path / "r").exists()
+
+
+def test_a_run_that_fails_before_its_first_steps_leaves_no_directory_and_the_retry_works(mnist_records,
+                                                                                          tmp_path):
+    """A setup error left config.toml, metrics.jsonl, tb/ and checkpoints/ behind, and the same
+    command with the mistake fixed was refused ('holds a run already')."""
+    import numpy as np
+
+    np.savez(tmp_path / "wrong.npz", foo=np.zeros(3, np.float32))
+    (tmp_path / "x.safetensors").write_bytes(b"")
+    run = tmp_path / "ir"
+    for more, fragment in ((["--init-from", str(tmp_path / "nonexist.npz")],
+                            "nonexist.npz: --init-from: does not exist"),
+                           (["--init-from", str(tmp_path / "wrong.npz")], "no parameter of the model was restored"),
+                           (["--init-from", str(tmp_path / "x.safetensors")], "--init-from takes an npz"),
+                           (["--lr", "1e38"], "training loss became NaN/inf"),
+                           (["--device", "meta"], "unknown device 'meta' (use auto, cpu, cuda, cuda:N or mps)")):
+        assert_one_line_error(run_cli(*_softmax(mnist_records, run, "--max-steps", "2", *more)), fragment)
+        assert not run.exists(), (more, sorted(p.name for p in run.iterdir()))
+    proc = run_cli(*_softmax(mnist_records, run, "--max-steps", "2"))
+    assert proc.returncode == 0, proc.stderr
+    assert RunDir(run).model.is_file()
+
+
+def test_a_run_named_with_any_unicode_reads_back(mnist_records, tmp_path):
+    """A non-BMP character in a setting was written to config.toml as a JSON surrogate pair,
+    which TOML refuses: report and train --config of that run failed; bytes that are not UTF-8
+    are refused before anything is made."""
+    run = tmp_path / "emoji😀 \"q\" run"
+    proc = run_cli(*_softmax(mnist_records, run, "--max-steps", "2", "--keep-checkpoints", "0"))
+    assert proc.returncode == 0, proc.stderr
+    proc = run_cli("report", str(run))
+    assert proc.returncode == 0, proc.stderr
+    proc = run_cli("train", "--config", str(run / "config.toml"), "--run-dir", str(tmp_path / "again😀"))
+    assert proc.returncode == 0, proc.stderr
+    assert _sha(tmp_path / "again😀" / "model.safetensors") == _sha(run / "model.safetensors")
+    bad = os.fsdecode(b"bad\xffname")
+    proc = subprocess.run([sys.executable, "-m", "mnistflow", *_softmax(mnist_records, bad, "--max-steps", "2")],
+                          capture_output=True, text=True, cwd=tmp_path, check=False)
+    assert_one_line_error(proc, "--run-dir must be valid UTF-8 text")
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["again😀", run.name])

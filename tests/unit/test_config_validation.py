@@ -3,6 +3,7 @@ variable) is checked before any work starts, against the rule declared on its Tr
 (HOSTILE-INPUTS.md D12): one line ``mnistflow: error: <what>: <why>``, exit 2, never a traceback."""
 from __future__ import annotations
 
+import re
 from dataclasses import fields
 
 import pytest
@@ -292,3 +293,140 @@ def test_the_error_line_shows_control_characters_as_escapes(tmp_path, capsys):
     with pytest.raises(SystemExit):
         cli.main(["train", "--seed", "1\n2"])  # the parser's own error line too
     assert "'1\\n2'" in one_line_error(capsys)
+
+
+# --- devices: only those mnistflow runs on ----------------------------------------------------
+
+@pytest.mark.parametrize("name", ["meta", "xla", "hpu", "vulkan", "lazy", "privateuseone", "cpu:3", "tpu",
+                                  "cuda:x", "CPU", "x" * 5000])
+def test_a_device_mnistflow_does_not_support_is_one_error(tmp_path, capsys, name):
+    """PyTorch parses meta, xla, hpu... as devices; mnistflow runs on none of them (they were
+    tracebacks in train, eval, predict and report)."""
+    from mnistflow.runtime.device import parse_device, pick_device
+
+    for check in (parse_device, pick_device):
+        with pytest.raises(MnistflowError, match=r"unknown device .* \(use auto, cpu, cuda, cuda:N or mps\)$"):
+            check(name)
+    with pytest.raises(MnistflowError, match="unknown device"):
+        resolve(flags={"recipe": "softmax", "device": name})
+    run = tmp_path / "run"
+    assert cli.main(["train", "--recipe", "softmax", "--device", name, "--run-dir", str(run)]) == 2
+    line = one_line_error(capsys)
+    assert "unknown device" in line and len(line) < 200
+    assert not run.exists()
+
+
+def test_the_supported_devices_pass_the_check():
+    from mnistflow.runtime.device import parse_device
+
+    assert parse_device("auto") is None
+    assert [str(parse_device(n)) for n in ("cpu", "cpu:0", "cuda", "cuda:1", "mps")] == \
+        ["cpu", "cpu:0", "cuda", "cuda:1", "mps"]
+
+
+# --- config.toml holds any text a setting holds -------------------------------------------------
+
+AWKWARD = ["emoji😀run", 'quote"back\\slash', "tab\tnew\nline\rcr", "\x01\x1f\x7f\x08\x0c", "é∑ \u2028 \ufeff",
+           "𝔘𝔫𝔦𝔠𝔬𝔡𝔢 \U0010fffd", "'single' '''triple'''", '"""', "\\u0041 \\U0001F600",
+           "# not a comment", ""]
+
+
+@pytest.mark.parametrize("text", AWKWARD)
+def test_config_toml_round_trips_any_text(tmp_path, text):
+    """save_toml wrote json.dumps: a non-BMP character became a surrogate pair escape
+    ('\\ud83d\\ude00') that TOML refuses, so 'report' and 'train --config' of such a run failed."""
+    from mnistflow.core import compat
+
+    cfg = resolve(flags={"recipe": "softmax", "run_dir": text or None, "data": text or None,
+                         "init_only": text or None, "profile_steps": None})
+    path = tmp_path / "config.toml"
+    configmod.save_toml(cfg, path)
+    raw = compat.tomllib().loads(path.read_text(encoding="utf-8"))
+    assert raw.get("run_dir") == (text or None) and raw.get("init_only") == (text or None)
+    back = load_toml(path)
+    assert resolve(file=back) == cfg
+    assert configmod.toml_value(text) == configmod.toml_value(text)  # (deterministic)
+
+
+def test_toml_values_of_every_kind():
+    from mnistflow.core import compat
+
+    for v in (True, False, 0, -3, 2**63 - 1, 1e-3, 1e-05, 1e38, 2.5, 100.0, "x"):
+        assert compat.tomllib().loads(f"v = {configmod.toml_value(v)}")["v"] == v
+
+
+@pytest.mark.parametrize("key", ["run_dir", "data", "resume", "init_from", "init_only", "model"])
+def test_text_that_is_not_utf8_is_one_error(key):
+    """A path of bytes that are not UTF-8 (Python's surrogate escapes) cannot be written in
+    config.toml nor read back: it was a UnicodeEncodeError traceback in the TensorBoard writer,
+    and a directory that blocked the retry."""
+    with pytest.raises(MnistflowError, match=rf"{configmod.flag(key)} must be valid UTF-8 text .*got 'bad\\udcffname'"):
+        check_value(key, "bad\udcffname")
+
+
+def test_a_run_dir_that_is_not_utf8_is_refused_before_anything_is_made(tmp_path, capsys, monkeypatch):
+    import os
+
+    monkeypatch.chdir(tmp_path)
+    bad = os.fsdecode(b"bad\xffname")
+    assert cli.main(["train", "--recipe", "softmax", "--run-dir", bad]) == 2
+    assert "--run-dir must be valid UTF-8 text" in one_line_error(capsys)
+    assert list(tmp_path.iterdir()) == []
+
+
+# --- --init-from: an existing npz file, checked before the run directory is made ----------------
+
+def test_init_from_is_checked_before_any_work(tmp_path, capsys):
+    (tmp_path / "x.safetensors").write_bytes(b"")
+    (tmp_path / "dir.npz").mkdir()
+    for given, fragment in ((tmp_path / "nonexist.npz", "nonexist.npz: --init-from: does not exist"),
+                            (tmp_path / "dir.npz", "dir.npz: --init-from: is a directory, not a file"),
+                            (tmp_path / "x.safetensors", "x.safetensors: --init-from takes an npz")):
+        run = tmp_path / "run"
+        assert cli.main(["train", "--recipe", "softmax", "--init-from", str(given), "--run-dir", str(run)]) == 2
+        assert fragment in one_line_error(capsys)
+        assert not run.exists()
+        # the same from a TOML file
+        (tmp_path / "c.toml").write_text(f'recipe = "softmax"\ninit_from = "{given}"\n')
+        assert cli.main(["train", "--config", str(tmp_path / "c.toml"), "--run-dir", str(run)]) == 2
+        assert fragment in one_line_error(capsys)
+        assert not run.exists()
+
+
+# --- layer specs: bounded numbers, one line naming the token -----------------------------------
+
+@pytest.mark.parametrize("spec, fragment", [
+    ("conv3x3x8-s0", "the stride in 'conv3x3x8-s0' must be an integer in [1, 4096], got 0"),
+    ("conv3x3x8-s99999999999999999999", "the stride in 'conv3x3x8-s99999999999999999999' must be"),
+    ("fc99999999999999999999999", ("the number of units in 'fc99999999999999999999999' must be an integer "
+                                   "in [1, 2147483647]")),
+    ("fc0", "the number of units in 'fc0'"),
+    ("conv0x0x8", "the kernel size in 'conv0x0x8'"),
+    ("conv3x3x0-relu", "the number of channels in 'conv3x3x0-relu'"),
+    ("conv5000x5000x8", "the kernel size in 'conv5000x5000x8' must be an integer in [1, 4096]"),
+    ("maxpool0", "the pool size in 'maxpool0'"),
+    ("maxpool2s0", "the pool stride in 'maxpool2s0'"),
+    ("conv3x3x8,fc" + "9" * 5000, "the number of units in 'fc999"),
+    ("fc2147483647,fc2147483647", "cannot build 'fc2147483647'"),
+])
+def test_a_spec_with_a_zero_or_absurd_number_is_one_error(tmp_path, capsys, spec, fragment):
+    """conv3x3x8-s0 was a ZeroDivisionError; a huge stride or width a torch traceback."""
+    from mnistflow.models import create_model
+
+    with pytest.raises(MnistflowError, match=re.escape(fragment)) as e:
+        create_model(spec, (1, 28, 28), 10)
+    assert "\n" not in str(e.value) and len(str(e.value)) < 400
+    if len(spec) < 200:  # (a longer argument is taken for a file name by summary)
+        assert cli.main(["summary", spec]) == 2
+        assert fragment in one_line_error(capsys)
+    run = tmp_path / "run"
+    assert cli.main(["train", "--model", spec, "--run-dir", str(run)]) == 2
+    assert fragment in one_line_error(capsys)
+    assert not run.exists()
+
+
+def test_strides_and_sizes_within_the_bounds_build():
+    from mnistflow.models import create_model
+
+    for spec in ("conv3x3x8-s2,fc10", "conv3x3x8-s4096", "conv1x1x1-s1-valid,maxpool3s1,fc10"):
+        create_model(spec, (1, 28, 28), 10)

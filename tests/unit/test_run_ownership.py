@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 import pytest
 import torch
@@ -152,7 +153,7 @@ def test_a_default_run_name_taken_by_another_run_gets_a_suffix(synthetic_records
 
 def _killed_before_its_first_checkpoint(records, run) -> None:
     """What a run killed before its first checkpoint leaves: config.toml and some metrics."""
-    cfg = resolve_config(None, data=str(records), run_dir=str(run), max_steps=6, lr=0.02, seed=3,
+    cfg = resolve_config(None, data=str(records), run_dir=None if run is None else str(run), max_steps=6, lr=0.02, seed=3,
                          **{**QUICK, "model": "softmax", "batch_size": 40})
     run.mkdir()
     configmod.save_toml(cfg, RunDir(run).config)
@@ -276,3 +277,202 @@ def test_a_valid_data_delay_is_read(monkeypatch):
     assert configmod.data_delay() == 0.002
     monkeypatch.setenv("MNISTFLOW_INJECT_DATA_DELAY", "")
     assert configmod.data_delay() == 0.0
+
+
+# --- a new run that fails before it recorded a step leaves the directory as it was ---------------
+
+def _npz(path, **arrays):
+    import numpy as np
+
+    np.savez(path, **{k: np.asarray(v, dtype=np.float32) for k, v in arrays.items()})
+    return path
+
+
+def _wrong_loss(logits, targets):
+    return "not a tensor"
+
+
+class _Boom:
+    def on_train_start(self, logs):
+        raise MnistflowError("a callback refused to start")
+
+
+def _failures(tmp_path):
+    """(settings, extra fit arguments, a fragment of the one error line): each fails in setup,
+    warm-up or the first steps, after the run directory was taken."""
+    wrong = _npz(tmp_path / "wrong.npz", foo=[1.0])
+    return [
+        ({"init_from": str(wrong)}, {}, "no parameter of the model was restored"),
+        ({"init_from": str(wrong), "init_only": "nomatch*"}, {}, "--init-only 'nomatch*' selects none"),
+        ({"lr": 1e38, "model": "softmax"}, {}, "training loss became NaN/inf"),
+        ({}, {"loss_fn": _wrong_loss}, "must return a scalar floating-point tensor"),
+        ({}, {"callbacks": [_Boom()]}, "a callback refused to start"),
+        ({"batch_size": 10_000}, {}, "larger than the training set"),
+    ]
+
+
+def _fit_cfg(records, run, settings, extra):
+    from mnistflow.training.loop import fit
+
+    cfg = resolve_config(None, data=str(records), run_dir=None if run is None else str(run),
+                         **{**QUICK, "max_steps": 3, "tensorboard": True, **settings})
+    return fit(cfg, **extra)
+
+
+def _tree(root):
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+
+
+def test_a_new_run_that_fails_before_its_first_steps_leaves_no_run_directory(synthetic_records, tmp_path):
+    """Each failure leaves no directory it created (a parent it created neither), so the same
+    command then works: the error used to leave config.toml, metrics.jsonl, tb/ and
+    checkpoints/, and the retry was refused ('holds a run already')."""
+    for i, (settings, extra, fragment) in enumerate(_failures(tmp_path)):
+        run = tmp_path / f"new{i}" / "run"
+        with pytest.raises(MnistflowError, match=re.escape(fragment)) as e:
+            _fit_cfg(synthetic_records, run, settings, extra)
+        assert "\n" not in str(e.value)
+        assert not (tmp_path / f"new{i}").exists(), (fragment, _tree(tmp_path / f"new{i}"))
+    # the retry, with the same run directory, trains
+    run = tmp_path / "new0" / "run"
+    assert _fit_cfg(synthetic_records, run, {}, {})["steps"] == 3
+    assert RunDir(run).run_files()
+
+
+def test_a_failed_new_run_leaves_an_existing_directory_as_it_was(synthetic_records, tmp_path):
+    """An empty directory (or one holding a user's files, a lock file left by a killed run)
+    is left with exactly what it held."""
+    run = tmp_path / "mine"
+    run.mkdir()
+    (run / "notes.txt").write_text("mine")
+    (run / "checkpoints").mkdir()  # an empty folder of that name holds no run
+    (run / LOCK).write_text("999999\n")
+    before = _tree(run)
+    for settings, extra, fragment in _failures(tmp_path):
+        with pytest.raises(MnistflowError, match=re.escape(fragment)):
+            _fit_cfg(synthetic_records, run, settings, extra)
+        assert _tree(run) == [p for p in before if p != LOCK]
+        assert (run / "notes.txt").read_text() == "mine"
+    assert _fit_cfg(synthetic_records, run, {}, {})["steps"] == 3
+
+
+def test_a_resumed_run_that_fails_is_never_removed(synthetic_records, tmp_path):
+    run = tmp_path / "r"
+    _fit_cfg(synthetic_records, run, {"checkpoint_every": 1}, {})
+    files = {str(p.relative_to(run)): p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    from mnistflow.training.loop import fit
+
+    cfg = resolve_config(None, data=str(synthetic_records), run_dir=str(run), resume=True, max_steps=6, **QUICK)
+    with pytest.raises(MnistflowError, match="a callback refused to start"):
+        fit(cfg, callbacks=[_Boom()])
+    now = {str(p.relative_to(run)): p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    assert set(files) <= set(now)
+    for name in ("model.safetensors", "summary.json"):
+        assert now[name] == files[name]
+    # and a run restarted from its own config.toml (killed before its first checkpoint) neither
+    run2 = tmp_path / "killed"
+    _killed_before_its_first_checkpoint(synthetic_records, run2)
+    with pytest.raises(MnistflowError, match="a callback refused to start"):
+        fit(resolve_config(None, data=str(synthetic_records), run_dir=str(run2), resume=True, **QUICK),
+            callbacks=[_Boom()])
+    assert RunDir(run2).config.is_file()
+
+
+def test_a_run_that_recorded_steps_keeps_them_when_it_fails(synthetic_records, tmp_path):
+    """A failure after the run logged a step (metrics.jsonl holds it) keeps the directory: it
+    is a run, to be resumed or read."""
+
+    class FailAtStep4:
+        def on_step_end(self, step, logs):
+            if step == 4:
+                raise MnistflowError("stopped by a test")
+
+    run = tmp_path / "r"
+    with pytest.raises(MnistflowError, match="stopped by a test"):
+        _fit_cfg(synthetic_records, run, {"max_steps": 6}, {"callbacks": [FailAtStep4()]})
+    assert RunDir(run).metrics.read_text().count('"kind": "train"') >= 1
+    assert RunDir(run).config.is_file()
+
+
+def test_the_lock_of_a_new_run_removes_only_what_was_written_since_it_was_taken(tmp_path):
+    run = tmp_path / "d"
+    run.mkdir()
+    (run / "keep.txt").write_text("x")
+    with pytest.raises(RuntimeError), RunLock(run, new_run=True):
+        (run / "config.toml").write_text("a")
+        (run / "tb").mkdir()
+        (run / "tb" / "events").write_text("e")
+        raise RuntimeError("setup failed")
+    assert _tree(run) == ["keep.txt"]
+    with pytest.raises(RuntimeError), RunLock(tmp_path / "a" / "b", new_run=True):  # made by the lock: removed
+        (tmp_path / "a" / "b" / "config.toml").write_text("a")
+        raise RuntimeError("setup failed")
+    assert not (tmp_path / "a").exists()
+    with RunLock(tmp_path / "ok", new_run=True):  # no failure: everything stays
+        (tmp_path / "ok" / "config.toml").write_text("a")
+    assert (tmp_path / "ok" / "config.toml").is_file()
+    with pytest.raises(RuntimeError), RunLock(tmp_path / "res"):  # not a new run (a resume): nothing is removed
+        (tmp_path / "res" / "config.toml").write_text("a")
+        raise RuntimeError("setup failed")
+    assert (tmp_path / "res" / "config.toml").is_file()
+
+
+def test_a_model_without_parameters_is_one_error_and_no_run_directory(synthetic_records, tmp_path):
+    import mnistflow
+
+    class NoParams(torch.nn.Module):
+        def forward(self, x):
+            return x.flatten(1)[:, :10]
+
+    run = tmp_path / "r"
+    with pytest.raises(MnistflowError, match="model NoParams has no parameters: there is nothing to train"):
+        mnistflow.train(NoParams(), data=synthetic_records, run_dir=run, max_steps=1, **API)
+    assert not run.exists()
+    with pytest.raises(MnistflowError, match="model NoParams has no parameters"):  # fit checks it too
+        _fit_cfg(synthetic_records, run, {}, {"model": NoParams()})
+    assert not run.exists()
+
+
+API = {k: v for k, v in QUICK.items() if k != "model"}  # mnistflow.train takes the model first
+
+
+@pytest.mark.parametrize("loss, returned", [
+    (lambda logits, y: "x", "it returned str"),
+    (lambda logits, y: torch.nn.functional.cross_entropy(logits, y, reduction="none"),
+     "it returned a tensor of shape (50,)"),
+    (lambda logits, y: torch.tensor(1.0), "a tensor without a gradient"),
+    (lambda logits, y: (logits.argmax(1) == y).sum(), "a torch.int64 tensor"),
+])
+def test_a_loss_that_is_not_a_scalar_is_one_error_and_no_run_directory(synthetic_records, tmp_path, loss,
+                                                                        returned):
+    import mnistflow
+
+    run = tmp_path / "r"
+    with pytest.raises(MnistflowError, match=re.escape(returned)) as e:
+        mnistflow.train("softmax", data=synthetic_records, run_dir=run, max_steps=2, loss=loss,
+                        **API)
+    assert "\n" not in str(e.value) and "must return a scalar floating-point tensor" in str(e.value)
+    assert not run.exists()
+    s = mnistflow.train("softmax", data=synthetic_records, run_dir=run, max_steps=2,
+                        loss=torch.nn.functional.cross_entropy, **API)
+    assert s["steps"] == 2
+
+
+@pytest.mark.parametrize("config", [123, {"epochs": 1}, ["a.toml"]])
+def test_config_that_is_not_a_file_path_is_one_error(synthetic_records, tmp_path, config):
+    import mnistflow
+
+    with pytest.raises(MnistflowError, match=r"config is the path of a TOML file \(e.g. RUN/config.toml\); "
+                                             rf"got a {type(config).__name__}: give settings as keyword"):
+        mnistflow.train("softmax", data=synthetic_records, run_dir=tmp_path / "r", config=config, **API)
+    assert not (tmp_path / "r").exists()
+
+
+def test_a_failed_run_under_a_default_name_leaves_no_directory(synthetic_records, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(setup, "default_run_dir", lambda cfg: tmp_path / "runs" / "spec-20250101-000000")
+    with pytest.raises(MnistflowError, match="a callback refused to start"):
+        _fit_cfg(synthetic_records, None, {}, {"callbacks": [_Boom()]})
+    assert not (tmp_path / "runs").exists()
+    s = _fit_cfg(synthetic_records, None, {}, {})
+    assert s["run_dir"] == str(tmp_path / "runs" / "spec-20250101-000000")

@@ -16,6 +16,7 @@ This module is the one place that names these files; everything else asks it.
 from __future__ import annotations
 
 import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -83,6 +84,17 @@ class RunDir:
                 found.append(name)
         return found
 
+    def has_steps(self) -> bool:
+        """Whether a training recorded any of its steps here: a metrics line, a checkpoint, a
+        profile, the model or the summary (config.toml and TensorBoard's empty event file are
+        written before the first step)."""
+        def nonempty(p: Path) -> bool:
+            try:
+                return p.stat().st_size > 0 if p.is_file() else p.is_dir() and any(p.iterdir())
+            except OSError:
+                return True  # cannot tell: keep it
+        return any(nonempty(p) for p in (self.metrics, self.checkpoints, self.profile, self.model, self.summary))
+
     def is_empty(self) -> bool:
         """Missing, or holding nothing but a lock file (of a training killed at its start)."""
         try:
@@ -104,12 +116,20 @@ class RunLock:
     and means nothing). A second holder fails at once (one line, naming the holder's pid).
 
     The directory (and its missing parents) is created here; :meth:`release` removes what was
-    created when nothing but the lock was written (a training that failed before it began)."""
+    created when nothing but the lock was written (a training that failed before it began).
 
-    def __init__(self, path: str | Path):
+    ``new_run``: the lock of a new training (not a resume). When it fails before it recorded
+    a step (:meth:`RunDir.has_steps`; an exception leaving the ``with`` block, or
+    :meth:`discard`), everything it wrote into the directory since :meth:`acquire` is removed,
+    so the directory is as it was and the same command can be run again; what was there
+    before stays. A resumed run's directory is never touched."""
+
+    def __init__(self, path: str | Path, *, new_run: bool = False):
         self.dir = RunDir(path)
+        self.new_run = new_run
         self._fd: int | None = None
         self._created: list[Path] = []
+        self._before: set[str] = set()  # the entries the directory held when it was taken
 
     def acquire(self) -> RunLock:
         p = self.dir.path
@@ -117,6 +137,7 @@ class RunLock:
             missing = [d for d in (p, *p.parents) if not d.exists()]
             p.mkdir(parents=True, exist_ok=True)
             self._created = missing  # deepest first
+            self._before = {e.name for e in os.scandir(p)} - {LOCK}
             while self._fd is None:
                 fd = os.open(self.dir.lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
                 if fcntl is None:
@@ -146,6 +167,28 @@ class RunLock:
             raise MnistflowError(f"cannot use as a run directory: {e.strerror}", p) from None
         return self
 
+    def discard(self) -> None:
+        """A new training failed: unless it recorded a step, remove what it wrote since
+        :meth:`acquire` (the entries that were not there then); then :meth:`release` (which
+        removes the directories the lock created). Best effort: what cannot be removed stays."""
+        if self.new_run and self._fd is not None and not self.dir.has_steps():
+            try:
+                entries = list(os.scandir(self.dir.path))
+            except OSError:
+                entries = []
+            for e in entries:
+                if e.name == LOCK or e.name in self._before:
+                    continue
+                try:
+                    if e.is_dir(follow_symlinks=False):
+                        shutil.rmtree(e.path, ignore_errors=True)
+                    else:
+                        os.unlink(e.path)
+                except OSError:
+                    pass
+        self.new_run = False
+        self.release()
+
     def release(self) -> None:
         """Unlock; remove the lock file, and the directories :meth:`acquire` created if nothing
         else was written in them."""
@@ -166,5 +209,8 @@ class RunLock:
     def __enter__(self):
         return self.acquire()
 
-    def __exit__(self, *exc) -> None:
-        self.release()
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is not None and self.new_run:
+            self.discard()
+        else:
+            self.release()

@@ -8,6 +8,8 @@ Tokens (comma separated; options after '-'):
   fc<N>[-relu|-sigmoid|-tanh]   (flattens first when needed)
   dropout<P>, bn, relu, sigmoid, tanh, flatten, gap (global average pool)
 A classifier ``fc<num_classes>`` is appended when the spec does not end in an fc layer.
+Kernels, pool sizes and strides are integers in [1, 4096], channels and units in [1, 2**31 - 1]
+(``check_spec``): anything else is one error naming the token.
 
 A spec is planned on the ``meta`` device before it is built (``check_memory``): one whose
 parameters and one picture's activations need more memory than the machine has available
@@ -30,6 +32,50 @@ _POOL = re.compile(r"^(max|avg)pool(\d+)(?:s(\d+))?$")
 _FC = re.compile(r"^fc(\d+)$")
 _DROP = re.compile(r"^dropout(0?\.\d+|0|1)$")
 
+# What a token's numbers may be: at least 1, and at most these (larger ones are typos, not
+# networks; the memory check refuses far smaller models than these bounds allow).
+MAX_KERNEL = 4096  # a kernel, pool window or stride, in pixels: as the CLI's --input side (MAX_SIDE)
+MAX_UNITS = 2**31 - 1  # a layer's output channels or units: an int32 (PyTorch's index range)
+_STRIDE = re.compile(r"s(\d+)")
+
+
+def _short(text: str, limit: int = 60) -> str:
+    """``text`` as an error shows it: at most ``limit`` characters."""
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _number(text: str, what: str, most: int, token: str, spec: str) -> int:
+    """``text`` (digits) as an integer in [1, most], else one error naming the token."""
+    n = int(text) if len(text) <= 12 else most + 1  # int() of thousands of digits is an error itself
+    if not 1 <= n <= most:
+        raise MnistflowError(f"model spec '{_short(spec)}': the {what} in '{_short(token)}' must be an "
+                             f"integer in [1, {most}], got {_short(text, 20)}")
+    return n
+
+
+def _stride(opts: list[str], token: str, spec: str) -> int | None:
+    """The ``-s<S>`` option of a token (None: not given)."""
+    return next((_number(m.group(1), "stride", MAX_KERNEL, token, spec)
+                 for o in opts if (m := _STRIDE.fullmatch(o))), None)
+
+
+def check_spec(spec: str) -> None:
+    """The numbers of every token within their bounds (no torch work): a spec with a zero or
+    absurd kernel, stride, width or pool size fails here in one line naming the token."""
+    for token in (t.strip() for t in spec.split(",") if t.strip()):
+        head, *opts = token.split("-")
+        if m := _CONV.match(head):
+            _number(m.group(1), "kernel size", MAX_KERNEL, token, spec)
+            _number(m.group(2), "kernel size", MAX_KERNEL, token, spec)
+            _number(m.group(3), "number of channels", MAX_UNITS, token, spec)
+            _stride(opts, token, spec)
+        elif m := _POOL.match(head):
+            _number(m.group(2), "pool size", MAX_KERNEL, token, spec)
+            if m.group(3) is not None:
+                _number(m.group(3), "pool stride", MAX_KERNEL, token, spec)
+        elif m := _FC.match(head):
+            _number(m.group(1), "number of units", MAX_UNITS, token, spec)
+
 
 def looks_like_spec(text: str) -> bool:
     head = text.split(",")[0].split("-")[0]
@@ -51,7 +97,7 @@ def _layer(token: str, shape: tuple[int, ...], spec: str) -> list[tuple[str, nn.
             raise MnistflowError(f"model spec '{spec}': only square kernels ('{token}')")
         if len(shape) != 3:
             raise MnistflowError(f"model spec '{spec}': '{token}' after a flatten")
-        stride = next((int(o[1:]) for o in opts if re.fullmatch(r"s\d+", o)), 1)
+        stride = _stride(opts, token, spec) or 1
         out.append(("conv", Conv2d(shape[0], c, kh, stride, padding, bias="bn" not in opts)))
         if "bn" in opts:
             out.append(("bn", nn.BatchNorm2d(c)))
@@ -127,6 +173,7 @@ def on_meta() -> bool:
 def build_from_spec(spec: str, in_shape: tuple[int, int, int], num_classes: int) -> nn.Sequential:
     """An ``nn.Sequential`` with layers named like ``conv1``, ``maxpool1``, ``fc2``; planned
     on the ``meta`` device first and refused there if it cannot fit in memory."""
+    check_spec(spec)
     if not on_meta() and upper_bound_bytes(spec, in_shape, num_classes) > PLAN_ABOVE:
         with torch.device("meta"):
             planned, peak = _build(spec, in_shape, num_classes)
@@ -180,7 +227,12 @@ def _build(spec: str, in_shape: tuple[int, int, int], num_classes: int) -> tuple
         raise MnistflowError("empty model spec")
     layers: list[tuple[str, nn.Module]] = []
     for token in tokens:
-        for kind, layer in _layer(token, shape, spec):
+        try:
+            made = _layer(token, shape, spec)
+        except (RuntimeError, TypeError, ValueError, OverflowError) as e:  # sizes torch cannot hold
+            raise MnistflowError(f"model spec '{_short(spec)}': cannot build '{_short(token)}' for input {shape} "
+                                 f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
+        for kind, layer in made:
             counts[kind] = counts.get(kind, 0) + 1
             layers.append((f"{kind}{counts[kind]}", layer))
             try:

@@ -24,20 +24,40 @@ def limit_gpu_memory(fraction: float | None, device: torch.device) -> None:
     torch.cuda.set_per_process_memory_fraction(fraction, device)
 
 
+# The device types mnistflow trains and runs on (PyTorch parses more: meta, xla, hpu, vulkan,
+# lazy, privateuseone..., which none of its code supports).
+DEVICE_TYPES = ("cpu", "cuda", "mps")
+DEVICES_HELP = "auto, cpu, cuda, cuda:N or mps"
+
+
+def parse_device(name: str) -> torch.device | None:
+    """``name`` as a device of a type mnistflow supports (None for ``auto``); anything else,
+    a PyTorch device of another type included, is one error listing the supported ones. No
+    hardware is looked at (:func:`pick_device` does that)."""
+    if name == "auto":
+        return None
+    shown = (repr(name) if len(name) <= 40 else repr(name[:37]) + "...") if isinstance(name, str) \
+        else type(name).__name__
+    try:
+        dev = torch.device(name) if isinstance(name, str) and len(name) <= 32 else None
+    except (RuntimeError, ValueError):
+        dev = None
+    if dev is None or dev.type not in DEVICE_TYPES or (dev.type != "cuda" and dev.index not in (None, 0)):
+        raise MnistflowError(f"unknown device {shown} (use {DEVICES_HELP})")
+    return dev
+
+
 def pick_device(name: str = "auto") -> torch.device:
     """auto: the current CUDA device when present, else Apple's MPS, else the CPU.
 
     ``cuda:N`` counts among the GPUs that ``CUDA_VISIBLE_DEVICES`` leaves visible."""
-    if name == "auto":
+    dev = parse_device(name)
+    if dev is None:
         if torch.cuda.is_available():
             return torch.device("cuda", torch.cuda.current_device())
         if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
             return torch.device("mps")
         return torch.device("cpu")
-    try:
-        dev = torch.device(name)
-    except RuntimeError:
-        raise MnistflowError(f"unknown device '{name}' (use auto, cpu, cuda, cuda:N or mps)") from None
     if dev.type == "cuda":
         if not torch.cuda.is_available():
             raise MnistflowError(f"--device {name}: no CUDA GPU is visible "

@@ -64,6 +64,7 @@ def train(model: str | nn.Module | Callable[..., nn.Module] | None = None,
         raise MnistflowError("model_kwargs are the arguments of a model class or factory; "
                              f"'{model}' is a registered name or spec")
     from mnistflow.training.loop import fit, resolve_config
+    from mnistflow.training.setup import check_trainable
 
     if named:
         if model is not None:
@@ -73,6 +74,7 @@ def train(model: str | nn.Module | Callable[..., nn.Module] | None = None,
     # path, which the registry does not know (a resumed run's checkpoint holds that name too).
     cfg = resolve_config(config, **settings, model=STAND_IN)
     module, record = build_user_model(model, model_kwargs, cfg)
+    check_trainable(module, type(module).__name__)  # before the run directory is made
     why = cannot_rebuild(record, module)
     if why:  # said once the run has started: quiet=True and summary["warnings"] apply to it
         cbs.insert(0, _WarnAtStart(

@@ -97,6 +97,8 @@ class Rule:
                 return "text"
             if "\0" in value:
                 return "text without NUL characters"
+            if not _utf8(value):  # undecodable bytes of a path (surrogate escapes)
+                return "valid UTF-8 text (config.toml and the model file cannot record other bytes)"
             allowed = [c for c in self.choices if isinstance(c, str)]
             return None if not allowed or value in allowed else self.describe(kind)
         if kind in ("int", "int | str") and not is_int:
@@ -116,6 +118,16 @@ class Rule:
         if is_int and not -MAX_INT - 1 <= value <= MAX_INT:
             return f"at most {MAX_INT} (a 64-bit integer)"
         return None
+
+
+def _utf8(text: str) -> bool:
+    """Whether ``text`` can be written as UTF-8: a path holding bytes that are not UTF-8 reaches
+    Python as lone surrogates ('\\udcff'), which no UTF-8 file (config.toml) can hold."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def setting(default: Any, group: str, help: str, *, choices: tuple = (), above: float | None = None,
@@ -360,14 +372,21 @@ def validate(cfg: TrainConfig, *, check_model: bool = True) -> None:
         from mnistflow.training.observe.profiler import parse_steps
 
         parse_steps(cfg.profile_steps)
-    from mnistflow.models import get_entry
-    from mnistflow.models.spec import looks_like_spec
     from mnistflow.kernels import check_environment as check_kernels_environment
+    from mnistflow.models import get_entry
+    from mnistflow.models.spec import check_spec, looks_like_spec
     from mnistflow.runtime.cpu import check_environment
+    from mnistflow.runtime.device import parse_device
     from mnistflow.training.optim import OPTIMIZERS, SCHEDULES
 
-    if check_model and not looks_like_spec(cfg.model):
-        get_entry(cfg.model)  # unknown name: an error listing the known ones
+    if check_model:
+        if looks_like_spec(cfg.model):
+            check_spec(cfg.model)  # a zero or absurd kernel, stride or width: one line
+        else:
+            get_entry(cfg.model)  # unknown name: an error listing the known ones
+    parse_device(cfg.device)  # a PyTorch device mnistflow does not support (meta, xla...)
+    if cfg.init_from and not cfg.resume:  # (a resume does not read it: the checkpoint is the start)
+        _check_init_from(cfg.init_from)
 
     if cfg.optimizer not in OPTIMIZERS:
         raise MnistflowError(f"unknown optimizer '{cfg.optimizer}' (known: {', '.join(OPTIMIZERS)})")
@@ -376,6 +395,19 @@ def validate(cfg: TrainConfig, *, check_model: bool = True) -> None:
     check_environment()  # $MNISTFLOW_THREADS and the like: the defaults of settings
     check_kernels_environment()  # $MNISTFLOW_KERNELS, $MNISTFLOW_AMX
     data_delay()
+
+
+def _check_init_from(path: str) -> None:
+    """``--init-from``: an existing npz file (checked before the run directory is made)."""
+    p = Path(path)
+    if not p.exists():
+        raise MnistflowError("--init-from: does not exist", p)
+    if not p.is_file():
+        raise MnistflowError("--init-from: is a directory, not a file" if p.is_dir() else
+                             "--init-from: not a regular file", p)
+    if p.suffix.lower() != ".npz":
+        raise MnistflowError("--init-from takes an npz of name -> array "
+                             "(make one with: mnistflow export RUN --format npz)", p)
 
 
 def data_delay() -> float:
@@ -399,15 +431,35 @@ def to_dict(cfg: TrainConfig) -> dict:
     return dataclasses.asdict(cfg)
 
 
-def save_toml(cfg: TrainConfig, path: str | Path) -> None:
-    """Write the resolved configuration as TOML (``None`` values are left out)."""
-    import json
+def toml_value(v: Any) -> str:
+    """``v`` (a setting's value: bool, int, float or str) as a TOML value. Strings are basic
+    strings: backslash, quote and control characters escaped, every other character (one
+    outside the BMP too) written as itself; the file is UTF-8."""
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        if not math.isfinite(v):
+            return "nan" if math.isnan(v) else ("inf" if v > 0 else "-inf")
+        return repr(v)  # '0.001', '1e-05', '1e+38': TOML floats
+    if isinstance(v, str):
+        return '"' + "".join(_TOML_ESCAPES.get(c) or (f"\\u{ord(c):04X}" if ord(c) < 0x20 or c == "\x7f" else c)
+                             for c in v) + '"'
+    raise TypeError(f"no TOML value for {type(v).__name__}")
 
+
+_TOML_ESCAPES = {"\\": "\\\\", '"': '\\"', "\b": "\\b", "\t": "\\t", "\n": "\\n", "\f": "\\f", "\r": "\\r"}
+
+
+def save_toml(cfg: TrainConfig, path: str | Path) -> None:
+    """Write the resolved configuration as TOML (``None`` values are left out); ``load_toml``
+    reads back the same values, whatever characters the text settings hold."""
     lines = ["# mnistflow resolved configuration: mnistflow train --config THIS_FILE", "version = 1"]
     for k, v in to_dict(cfg).items():
         if v is None or k == "resume":  # resuming is an action, not a setting
             continue
-        lines.append(f"{k} = {json.dumps(v)}")  # JSON scalars are valid TOML scalars
+        lines.append(f"{k} = {toml_value(v)}")
     from mnistflow.core.fsutil import atomic_write_text
 
     atomic_write_text(path, "\n".join(lines) + "\n")

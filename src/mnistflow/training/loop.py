@@ -117,6 +117,8 @@ def fit(cfg: TrainConfig, *, model: torch.nn.Module | None = None, model_factory
     info = dist.init(device.type)
     device = dist.device_for(info, device)
     kernels.reset_used()
+    if loss_fn is not None:
+        loss_fn = _checked_loss(loss_fn)
     try:
         with log.recording() as warned, log.quiet(cfg.quiet), contextlib.ExitStack() as held:
             summary = _fit(cfg, device, info, warned, held, model, model_factory, list(callbacks), loss_fn)
@@ -133,10 +135,36 @@ def fit(cfg: TrainConfig, *, model: torch.nn.Module | None = None, model_factory
     return summary
 
 
+def _checked_loss(loss_fn: Callable) -> Callable:
+    """``loss_fn`` whose first value is checked: a scalar floating-point tensor that has a
+    gradient (anything else would fail in ``backward`` or ``.item()`` with a raw traceback)."""
+    checked = False
+
+    def loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        nonlocal checked
+        value = loss_fn(logits, targets)
+        if not checked:
+            what = (type(value).__name__ if not isinstance(value, torch.Tensor) else
+                    f"a tensor of shape {tuple(value.shape)}" if value.numel() != 1 else
+                    f"a {value.dtype} tensor" if not value.is_floating_point() else
+                    "a tensor without a gradient (not computed from the logits)"
+                    if torch.is_grad_enabled() and not value.requires_grad else None)
+            if what is not None:
+                name = getattr(loss_fn, "__qualname__", None) or type(loss_fn).__name__
+                raise MnistflowError(f"loss {name}(logits, targets) must return a scalar floating-point "
+                                     f"tensor computed from the logits; it returned {what}")
+            checked = True
+        return value
+
+    return loss
+
+
 def _fit(cfg: TrainConfig, device: torch.device, info: dist.DistInfo, warned: list[str],
          held: contextlib.ExitStack, model, model_factory, callbacks: list, loss_fn) -> dict:
     primary = info.is_primary
     # --- setup: where the run goes (owned until ``held`` closes), what it continues from ------
+    # A new run that fails before it recorded a step leaves its directory as it was (``RunLock``:
+    # what it wrote is removed when ``held`` closes on the error): the same command runs again.
     resume_path, run_dir = decide_run(cfg, info, held)
     resume = Resume.open(resume_path, cfg, info.world_size) if resume_path is not None else None
     run = build_run(cfg, run_dir, device, info, resume, model, model_factory)
@@ -155,6 +183,7 @@ def _fit(cfg: TrainConfig, device: torch.device, info: dist.DistInfo, warned: li
         truncate_metrics(run.dir.metrics, start_step)
     console = ConsoleLogger(total, quiet=cfg.quiet or not primary)
     obs = rank_zero_observers(run, console, start_step if cfg.resume else None)
+    held.callback(obs.close)  # on a failure too, before the lock's release reads what they wrote (twice: no-op)
     guard = FinalizeGuard(run.raw_model)
     # the printing observers, the user's callbacks, then the writers (which so record what they return)
     hooks = [*obs.first, guard, *callbacks, *obs.writers]

@@ -70,6 +70,9 @@ def resolve_config(config: str | os.PathLike | None = None, **overrides) -> Trai
     from mnistflow.data.prepare import known_name, policy_of
     from mnistflow.training.recipes import FOR_DATA, for_data, get_recipe, pick_for_target
 
+    if config is not None and not isinstance(config, (str, os.PathLike)):
+        raise MnistflowError(f"config is the path of a TOML file (e.g. RUN/{CONFIG}); got a "
+                             f"{type(config).__name__}: give settings as keyword arguments (epochs=2)")
     file = configmod.load_toml(config) if config else None
     recipe_name = overrides.get("recipe") or (file or {}).get("recipe")
     given = {k: overrides.get(k) if overrides.get(k) is not None else (file or {}).get(k)
@@ -135,9 +138,10 @@ def default_run_dir(cfg: TrainConfig) -> Path:
 MAX_DEFAULT_RUNS = 100  # runs/<name>-<time>-N: runs started in the same second
 
 
-def _own(held: contextlib.ExitStack, run_dir: Path) -> None:
-    """Take the run directory for this training (its lock, released when ``held`` closes)."""
-    held.enter_context(RunLock(run_dir))
+def _own(held: contextlib.ExitStack, run_dir: Path, new_run: bool) -> None:
+    """Take the run directory for this training (its lock, released when ``held`` closes; then,
+    for a new run that failed before it recorded a step, what it wrote is removed: ``RunLock``)."""
+    held.enter_context(RunLock(run_dir, new_run=new_run))
 
 
 def _refuse_a_run(run_dir: Path) -> None:
@@ -153,13 +157,13 @@ def _new_default_run(cfg: TrainConfig, held: contextlib.ExitStack) -> Path:
     base = default_run_dir(cfg)
     for i in range(1, MAX_DEFAULT_RUNS + 1):
         run_dir = base if i == 1 else base.with_name(f"{base.name}-{i}")
-        lock = RunLock(run_dir)
+        lock = RunLock(run_dir, new_run=True)
         try:
             lock.acquire()
         except RunBusy:
             continue
         if not RunDir(run_dir).run_files():
-            held.callback(lock.release)
+            held.push(lock)  # its __exit__: released (and discarded on a failure) when ``held`` closes
             return run_dir
         lock.release()
     raise MnistflowError(f"{MAX_DEFAULT_RUNS} runs named {base.name} exist already: pick a --run-dir",
@@ -172,16 +176,17 @@ def decide_run(cfg: TrainConfig, info: dist.DistInfo, held: contextlib.ExitStack
 
     Rank 0 owns the run directory from here (``RunLock``, before anything is written there)
     until ``held`` closes: another training on it fails at once. A new run never goes into a
-    directory that holds one (that needs ``--resume``)."""
+    directory that holds one (that needs ``--resume``), and one that fails before it recorded a
+    step leaves the directory as it was (``RunLock(new_run=True)``)."""
     decision = None
     if info.is_primary:
         try:
             if cfg.resume:
                 if cfg.run_dir:
-                    _own(held, Path(cfg.run_dir))
+                    _own(held, Path(cfg.run_dir), new_run=False)
                 resume_path, run_dir = resumemod.locate_resume(cfg.resume, cfg.run_dir)
                 if not cfg.run_dir:
-                    _own(held, run_dir)
+                    _own(held, run_dir, new_run=False)
                 if resume_path is not None:
                     of = RunDir.of_checkpoint(resume_path)
                     if of is None or of.path.resolve() != Path(run_dir).resolve():
@@ -192,7 +197,7 @@ def decide_run(cfg: TrainConfig, info: dist.DistInfo, held: contextlib.ExitStack
                          + ("restarting it from step 0 with its " + CONFIG if own else "starting from step 0"))
             elif cfg.run_dir:
                 resume_path, run_dir = None, Path(cfg.run_dir)
-                _own(held, run_dir)
+                _own(held, run_dir, new_run=True)
                 _refuse_a_run(run_dir)
             else:
                 resume_path, run_dir = None, _new_default_run(cfg, held)
@@ -272,6 +277,12 @@ def _absolute_data(cfg: TrainConfig) -> str | None:
     return os.path.abspath(data)
 
 
+def check_trainable(model: torch.nn.Module, name: str) -> None:
+    """A model with no parameters has nothing to train (and no device to read them from)."""
+    if next(model.parameters(), None) is None:
+        raise MnistflowError(f"model {name} has no parameters: there is nothing to train")
+
+
 def check_input(model: torch.nn.Module, in_shape: tuple[int, int, int], num_classes: int,
                 device: torch.device) -> None:
     """One forward of a dummy batch: a model that cannot take the data's input, or does not
@@ -344,6 +355,7 @@ def build_run(cfg: TrainConfig, run_dir: Path, device: torch.device, info: dist.
         raise MnistflowError(f"--batch-size {cfg.batch_size} is larger than the training set "
                              f"({n_train:,} images)", rec.path)
     seed_everything(cfg.seed)
+    name = cfg.model if model is None else type(model).__name__  # (a ready module's label is a path)
     if model is None:
         model = create_model(cfg.model, (c, h, w), rec.num_classes)  # the same on every rank
     if info.rank > 0:
@@ -351,6 +363,7 @@ def build_run(cfg: TrainConfig, run_dir: Path, device: torch.device, info: dist.
     memfmt = torch.channels_last if cfg.channels_last else torch.contiguous_format
     model = model.to(device=device, memory_format=memfmt)
     check_input(model, (c, h, w), rec.num_classes, device)
+    check_trainable(model, name)  # (after the shapes: a wrong output says more)
     if cfg.sync_bn and info.enabled:
         model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
     raw_model = model
@@ -481,5 +494,9 @@ def init_from(run: Run) -> str:
                              "(make one with: mnistflow export RUN --format npz)", p)
     report = load_npz_into(run.raw_model, p, only=run.cfg.init_only)
     if not report.loaded:
+        if run.cfg.init_only and not report.missing and not report.mismatched:
+            names = ", ".join(report.skipped[:4]) + (", ..." if len(report.skipped) > 4 else "")
+            raise MnistflowError(f"--init-only {run.cfg.init_only!r} selects none of the model's parameters "
+                                 f"(its names: {names})", p)
         raise MnistflowError(f"no parameter of the model was restored ({report.problems()})", p)
     return report.format()
