@@ -15,6 +15,8 @@ mapped onto its outputs by label value (``model_file.outputs_of_records``).
 from __future__ import annotations
 
 import json
+import os
+from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
@@ -156,17 +158,65 @@ def _read_images(paths: list[Path], in_shape: tuple[int, int, int], *, invert: b
     return out
 
 
-def predict(model_path: str | Path, images: list[str | Path], *, invert: bool | None = False,
-            mnist_style: bool = False, device: str = "cpu", model_name: str | None = None,
-            data: str | Path | None = None, max_pixels: int | None = None) -> list[dict]:
-    """Label and class probabilities for each image (PNG/JPEG files, or IDX files).
+IMAGES_ACCEPTED = ("a path (PNG/JPEG/IDX file), a list of paths, or a uint8 array (N, H, W, C) of "
+                   "images already at the model's size")
+
+
+def _is_array(x: object) -> bool:
+    return isinstance(x, (np.ndarray, torch.Tensor))
+
+
+def _image_arg(images: object) -> list[Path] | np.ndarray:
+    """``predict``'s ``images`` as a list of paths (one path is one input, never its
+    characters) or a numpy array (a torch tensor is brought to the CPU); anything else is a
+    ``MnistflowError`` saying what is accepted."""
+    if isinstance(images, (str, os.PathLike)):
+        return [Path(images)]
+    if isinstance(images, torch.Tensor):
+        return images.detach().cpu().numpy()
+    if isinstance(images, np.ndarray):
+        return images
+    if isinstance(images, (bytes, bytearray, dict)) or not isinstance(images, Iterable):
+        raise MnistflowError(f"images must be {IMAGES_ACCEPTED}; got {type(images).__name__}")
+    out = []
+    for x in images:
+        if not isinstance(x, (str, os.PathLike)):
+            raise MnistflowError(f"images must be {IMAGES_ACCEPTED}; got a list with an item of "
+                                 f"type {type(x).__name__}")
+        out.append(Path(x))
+    return out
+
+
+def _check_array(a: np.ndarray, in_shape: tuple[int, int, int]) -> np.ndarray:
+    """A batch given as an array: uint8 (N, H, W, C) at the model's size (``predict_arrays``)."""
+    c, h, w = in_shape
+    if a.dtype != np.uint8 or a.ndim != 4 or tuple(a.shape[1:]) != (h, w, c):
+        raise MnistflowError(f"an array of images must be uint8 (N, {h}, {w}, {c}) for this model "
+                             f"(pictures at the model's size); got {a.dtype} {tuple(a.shape)}")
+    if not len(a):
+        raise MnistflowError("no images given")
+    return a
+
+
+def predict(model_path: str | Path, images: str | Path | list[str | Path] | np.ndarray, *,
+            invert: bool | None = False, mnist_style: bool = False, device: str = "cpu",
+            model_name: str | None = None, data: str | Path | None = None,
+            max_pixels: int | None = None) -> list[dict]:
+    """Label and class probabilities for each image: ``images`` is one path or a list of paths
+    (PNG/JPEG files, or IDX files of many images), or a uint8 array (N, H, W, C) of images
+    already at the model's size (numpy, or a torch tensor), named ``array[i]`` in the result.
 
     ``max_pixels``: the largest picture decoded (default ``data.picture.MAX_PIXELS``, the
     CLI's ``--max-pixels``); a larger one is refused from its header, before decoding."""
-    model, info = load_any(model_path, model_name, pick_device(device), data=data)
-    if not images:
+    given = _image_arg(images)  # checked before the model is loaded
+    if not _is_array(given) and not given:
         raise MnistflowError("no images given")
-    items = _read_images([Path(p) for p in images], tuple(info.in_shape), invert=invert,
+    model, info = load_any(model_path, model_name, pick_device(device), data=data)
+    if _is_array(given):
+        batch = _check_array(given, tuple(info.in_shape))
+        probs = as_predictor(model, info).predict(batch)
+        return [prediction(info, p, image=f"array[{i}]") for i, p in enumerate(probs)]
+    items = _read_images(given, tuple(info.in_shape), invert=invert,
                          mnist_style=mnist_style, max_pixels=max_pixels)
     if not items:
         raise MnistflowError("no images given")

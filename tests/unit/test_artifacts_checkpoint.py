@@ -2,9 +2,13 @@
 entry), the reading of version-1 files, and the strict restore."""
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
+import os
+import signal
+import tracemalloc
 import zipfile
 
 import pytest
@@ -147,3 +151,120 @@ def test_restore_is_strict_and_names_what_does_not_fit():
     wrong = create_model("mlp", (1, 28, 28), 5)
     with pytest.raises(MnistflowError, match=r"shape mismatch: fc3\.weight \(file 10x\d+, model 5x\d+\)"):
         checkpoint.restore(payload, wrong, None, rng=False)
+
+
+# --- candidates that must not be read: devices, FIFOs, files over the cap -----------------------
+
+@contextlib.contextmanager
+def _deadline(seconds: int = 5):
+    """Opening a FIFO waits for a writer: such a read fails the test instead of hanging it."""
+    def boom(*_):
+        raise AssertionError(f"blocked for {seconds} s")
+
+    old = signal.signal(signal.SIGALRM, boom)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def _zero_link(p):
+    p.symlink_to("/dev/zero")
+
+
+def _sparse(p):
+    with open(p, "wb") as f:
+        f.truncate(checkpoint.MAX_CHECKPOINT_BYTES + 1)
+
+
+@pytest.mark.parametrize("plant, reason", [
+    (_zero_link, "not a regular file (a device)"),
+    (os.mkfifo, "not a regular file (a FIFO)"),
+    (_sparse, (f"checkpoint of {checkpoint.MAX_CHECKPOINT_BYTES + 1:,} bytes is over the "
+               f"{checkpoint.MAX_CHECKPOINT_BYTES:,}-byte limit")),
+])
+def test_an_unreadable_newest_candidate_falls_back_unread(tmp_path, plant, reason, capsys):
+    good = checkpoint.write(tmp_path / "step-000007.pt", _payload())
+    bad = tmp_path / "step-000999.pt"
+    plant(bad)
+    tracemalloc.start()
+    try:
+        with _deadline(10):
+            assert checkpoint.find_latest(tmp_path) == good
+            with pytest.raises(checkpoint.CorruptCheckpoint) as e:
+                checkpoint.load(bad)
+            with pytest.raises(checkpoint.CorruptCheckpoint):
+                checkpoint.read_header(bad)
+            assert not checkpoint.is_checkpoint_file(bad)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 64 << 20, peak  # never read: not /dev/zero's endless bytes, not 2 GiB of zeros
+    assert reason in str(e.value) and "\n" not in str(e.value)
+    warning = capsys.readouterr().err.strip().splitlines()
+    assert len(warning) == 1 and reason in warning[0] and "falling back to the previous checkpoint " \
+        "step-000007.pt" in warning[0], warning
+
+
+def test_a_fifo_pointer_file_is_no_pointer(tmp_path):
+    checkpoint.write(tmp_path / "step-000007.pt", _payload())
+    os.mkfifo(tmp_path / checkpoint.BEST)
+    (tmp_path / checkpoint.LAST).symlink_to("/dev/zero")
+    with _deadline(5):
+        assert checkpoint.read_pointer(tmp_path, checkpoint.BEST) is None
+        assert checkpoint.read_pointer(tmp_path, checkpoint.LAST) is None
+
+
+@pytest.mark.parametrize("value", ["abc", "inf", "-1", "nan", "1e999"])
+def test_a_bad_slow_save_hook_is_one_error_before_anything_is_written(tmp_path, monkeypatch, value):
+    monkeypatch.setenv(checkpoint.SLOW_SAVE_ENV, value)
+    with pytest.raises(MnistflowError) as e:
+        checkpoint.slow_save_seconds()
+    assert str(e.value) == (f"{checkpoint.SLOW_SAVE_ENV} must be a finite number of seconds >= 0, "
+                            f"got {value!r}")
+    with pytest.raises(MnistflowError, match=checkpoint.SLOW_SAVE_ENV):
+        checkpoint.CheckpointDir(tmp_path / "ck")  # a run's folder: refused before the first step
+    with pytest.raises(MnistflowError, match=checkpoint.SLOW_SAVE_ENV):
+        checkpoint.write(tmp_path / "step-000001.pt", _payload())
+    assert list(tmp_path.iterdir()) == []  # no temp file, no folder
+
+
+@pytest.mark.parametrize("value, seconds", [("", 0.0), ("0", 0.0), (" 0.25 ", 0.25), ("30", 30.0)])
+def test_a_good_slow_save_hook_is_read(monkeypatch, value, seconds):
+    monkeypatch.setenv(checkpoint.SLOW_SAVE_ENV, value)
+    assert checkpoint.slow_save_seconds() == seconds
+
+
+# --- resume: the checkpoint and the run's metrics file --------------------------------------
+
+def test_resume_skips_a_fifo_checkpoint_and_refuses_a_fifo_metrics_file(tmp_path):
+    from mnistflow.training import resume
+
+    ck = tmp_path / "run" / checkpoint.CKPT_DIR
+    good = checkpoint.write(ck / "step-000007.pt", _payload())
+    os.mkfifo(ck / "step-000600.pt")
+    with _deadline(10):
+        assert resume.locate_resume(True, tmp_path / "run", quiet=True) == (good, tmp_path / "run")
+        found, _ = resume.locate_resume(str(ck / "step-000600.pt"), None)  # named: refused when read
+        with pytest.raises(checkpoint.CorruptCheckpoint, match=r"not a regular file \(a FIFO\)"):
+            resume.load(found)
+        metrics = tmp_path / "run" / "metrics.jsonl"
+        os.mkfifo(metrics)
+        with pytest.raises(MnistflowError) as e:
+            resume.truncate_metrics(metrics, 7)
+    assert str(e.value) == f"{metrics}: not a regular file (a FIFO); refusing to read it"
+
+
+def test_truncate_metrics_keeps_the_records_up_to_the_step_line_by_line(tmp_path):
+    from mnistflow.training import resume
+
+    m = tmp_path / "metrics.jsonl"
+    long = b"x" * (resume.MAX_METRICS_LINE * 2 + 5)
+    m.write_bytes(b'{"step": 5, "loss": 1}\n' + long + b'\n{"step": 7}\n{"step": "x"}\n'
+                  b'{"step": 9}\n{"step": 10, "lo')
+    resume.truncate_metrics(m, 7)
+    assert m.read_bytes() == b'{"step": 5, "loss": 1}\n{"step": 7}\n'
+    resume.truncate_metrics(tmp_path / "none.jsonl", 7)  # no file: nothing to do
+    assert not (tmp_path / "none.jsonl").exists()

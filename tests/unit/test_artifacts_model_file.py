@@ -146,3 +146,72 @@ def test_npz_round_trip_partial_restore_and_strict_whole_model_load(tmp_path, sy
         load_any(tmp_path / "bare.npz")
     back, info = load_any(tmp_path / "bare.npz", "mlp", data=synthetic_records)
     assert _same(back, model) and info.dataset == "synthetic" and info.num_classes == 10
+
+
+# --- values: real and finite -----------------------------------------------------------------
+
+def _softmax_file(path, change=None) -> str:
+    """A softmax model.safetensors whose ``fc1.weight`` went through ``change``."""
+    sd = {k: v.clone() for k, v in create_model("softmax").state_dict().items()}
+    if change is not None:
+        sd["fc1.weight"] = change(sd["fc1.weight"])
+    save_file(sd, str(path), metadata={"mnistflow": _info("softmax").to_json()})
+    return str(path)
+
+
+def _nan(t):
+    t[0, 0] = float("nan")
+    return t
+
+
+def _inf(t):
+    t[3, 5] = float("-inf")
+    t[4, 5] = float("inf")
+    return t
+
+
+NAN_TAIL = "(NaN or infinity); refusing weights that would make every prediction NaN"
+
+
+@pytest.mark.parametrize("change, fragment", [
+    (_nan, f"tensor 'fc1.weight' holds 1 non-finite value(s) {NAN_TAIL}"),
+    (_inf, f"tensor 'fc1.weight' holds 2 non-finite value(s) {NAN_TAIL}"),
+    (lambda t: t.to(torch.complex64),
+     "tensor 'fc1.weight' holds complex64 values; weights must be real numbers (bool, int or float)"),
+])
+def test_the_strict_loader_refuses_non_finite_and_non_real_weights(tmp_path, change, fragment):
+    import warnings
+
+    path = _softmax_file(tmp_path / "m.safetensors", change)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no raw UserWarning line (e.g. "Casting complex values")
+        for load in (load_model, load_any):
+            with pytest.raises(MnistflowError) as e:
+                load(path)
+            assert str(e.value) == f"{path}: {fragment}"
+    model = create_model("softmax")
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    bad = {k: v.clone() for k, v in before.items()}
+    bad["fc1.weight"] = change(bad["fc1.weight"])
+    with pytest.raises(MnistflowError, match="fc1.weight"):
+        load_weights(model, bad, "ckpt")  # a checkpoint's weights: the same loader
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in before.items())  # nothing loaded
+
+
+def test_a_partial_npz_restore_refuses_non_finite_values(tmp_path):
+    model = create_model("softmax")
+    arrays = {k: v.numpy().copy() for k, v in model.state_dict().items()}
+    arrays["fc1.bias"][2] = np.nan
+    write_npz(tmp_path / "w.npz", arrays, _info("softmax"))
+    with pytest.raises(MnistflowError, match=r"tensor 'fc1.bias' holds 1 non-finite value"):
+        load_npz_into(create_model("softmax"), tmp_path / "w.npz")
+    with pytest.raises(MnistflowError, match=r"tensor 'fc1.bias' holds 1 non-finite value"):
+        load_any(tmp_path / "w.npz")
+
+
+def test_finite_weights_of_every_real_dtype_still_load():
+    model = nn.Sequential(nn.Linear(3, 2), nn.BatchNorm1d(2))  # float weights, int64 counter
+    sd = {k: v.clone() for k, v in model.state_dict().items()}
+    assert load_weights(model, sd) is model
+    assert load_weights(model, {k: v.to(torch.float16) if v.is_floating_point() else v
+                                for k, v in sd.items()}) is model

@@ -4,8 +4,10 @@ umask finding). OS failures are simulated by patching ``os`` functions; the CLI 
 real full and read-only file systems are in tests/integration/test_os_errors.py."""
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
+import signal
 import stat
 from pathlib import Path
 
@@ -14,7 +16,12 @@ import pytest
 from helpers.synthetic import raw_dataset
 from mnistflow.core import fsutil
 from mnistflow.core.errors import MnistflowError, os_error
-from mnistflow.core.fsutil import atomic_write, atomic_write_bytes, atomic_write_text, make_dirs
+from mnistflow.core.fsutil import (
+    atomic_write,
+    atomic_write_bytes,
+    atomic_write_text,
+    make_dirs,
+)
 from mnistflow.data import records
 
 
@@ -213,3 +220,79 @@ def test_an_interruption_just_after_the_temporary_record_folder_is_made_leaves_n
                               source_checksums={}, val_size=10)
     monkeypatch.undo()
     assert everything(tmp_path) == []
+
+
+# --- regular_file / open_regular / read_regular: THE check before an input file is read --------
+
+@contextlib.contextmanager
+def _deadline(seconds: int = 5):
+    """A check that blocks (opening a FIFO waits for a writer) fails the test, never hangs it."""
+    def boom(*_):
+        raise AssertionError(f"blocked for {seconds} s")
+
+    old = signal.signal(signal.SIGALRM, boom)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def _one_line(e: pytest.ExceptionInfo, path: Path, *fragments: str) -> None:
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith(f"{path}: "), msg
+    for f in fragments:
+        assert f in msg, (f, msg)
+
+
+@pytest.mark.parametrize("check", ["regular_file", "open_regular", "read_regular"])
+def test_a_fifo_a_device_and_a_folder_are_refused_without_blocking(tmp_path, check):
+    fifo, dev, folder = tmp_path / "m.pt", tmp_path / "z.onnx", tmp_path / "d.npz"
+    os.mkfifo(fifo)
+    dev.symlink_to("/dev/zero")
+    folder.mkdir()
+    fn = getattr(fsutil, check)
+    for path, kind in ((fifo, "(a FIFO)"), (dev, "(a device)"), (folder, "(a folder)")):
+        with _deadline(5), pytest.raises(fsutil.NotReadable) as e:
+            fn(path, 1 << 20, "model file")
+        _one_line(e, path, "not a regular file", kind)
+
+
+@pytest.mark.parametrize("check", ["regular_file", "open_regular", "read_regular"])
+def test_a_sparse_file_over_the_cap_is_refused_unread(tmp_path, check):
+    big = tmp_path / "big.onnx"
+    with open(big, "wb") as f:
+        f.truncate(3 << 30)  # 3 GiB that cost nothing on disk, everything once read
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        with pytest.raises(fsutil.NotReadable) as e:
+            getattr(fsutil, check)(big, 1 << 20, "ONNX model")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    _one_line(e, big, "ONNX model of 3,221,225,472 bytes is over the 1,048,576-byte limit")
+    assert peak < 1 << 20
+
+
+def test_missing_files_and_dangling_links(tmp_path):
+    with pytest.raises(MnistflowError) as e:
+        fsutil.read_regular(tmp_path / "nope.pt", 100)
+    assert type(e.value) is MnistflowError and e.value.detail == "no such file"
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
+    with pytest.raises(fsutil.NotReadable, match="a broken symbolic link"):
+        fsutil.regular_file(tmp_path / "dangling", 100)
+
+
+def test_a_regular_file_within_the_cap_is_read(tmp_path):
+    p = tmp_path / "f.bin"
+    p.write_bytes(b"x" * 100)
+    (tmp_path / "link").symlink_to(p)
+    assert fsutil.regular_file(tmp_path / "link", 100) == tmp_path / "link"
+    assert fsutil.read_regular(p, 100) == b"x" * 100
+    with fsutil.open_regular(p) as f:  # no cap: only the kind of file is checked
+        assert f.read() == b"x" * 100
+    with pytest.raises(fsutil.NotReadable, match="over the 99-byte limit"):
+        fsutil.read_regular(p, 99)

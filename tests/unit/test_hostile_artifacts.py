@@ -3,8 +3,11 @@ are validated against what the file declares before anything is allocated, and e
 is one ``MnistflowError``, never a traceback or a huge allocation."""
 from __future__ import annotations
 
+import contextlib
 import io
 import json
+import os
+import signal
 import struct
 import tracemalloc
 import zipfile
@@ -14,8 +17,9 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from mnistflow.artifacts import checkpoint
 from mnistflow.artifacts.load import load_any
-from mnistflow.artifacts.model_file import ModelInfo, save_model, validate_info
+from mnistflow.artifacts.model_file import MAX_MODEL_BYTES, ModelInfo, save_model, validate_info
 from mnistflow.artifacts.npz import read_npz, write_npz
 from mnistflow.core.errors import MnistflowError
 from mnistflow.models import create_model
@@ -263,4 +267,68 @@ def test_onnx_metadata_that_is_not_utf8_is_one_error(tmp_path):
     assert data.count(b"@@@@@@@@") == 1
     path.write_bytes(data.replace(b"@@@@@@@@", b"\xff\xfe\xfd\xfc\xff\xfe\xfd\xfc"))
     with pytest.raises(MnistflowError, match="ONNX model metadata is not UTF-8 text"):
+        load_any(path)
+
+
+# --- model files that must not be read: FIFOs, devices, files over the cap ------------------------
+
+@contextlib.contextmanager
+def _deadline(seconds: int = 5):
+    """Opening a FIFO waits for a writer: such a load fails the test instead of hanging it."""
+    def boom(*_):
+        raise AssertionError(f"blocked for {seconds} s")
+
+    old = signal.signal(signal.SIGALRM, boom)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+
+
+@pytest.mark.parametrize("name", ["m.safetensors", "m.onnx", "m.pt", "m.ckpt", "m.npz", "m.bin", "m.weights"])
+@pytest.mark.parametrize("kind", ["fifo", "device"])
+def test_a_fifo_or_device_model_file_is_one_error_at_once(tmp_path, name, kind):
+    p = tmp_path / name
+    os.mkfifo(p) if kind == "fifo" else p.symlink_to("/dev/zero")
+    with _deadline(5), pytest.raises(MnistflowError) as e:
+        load_any(p, "softmax", data=tmp_path)
+    assert str(e.value) == (f"{p}: not a regular file ({'a FIFO' if kind == 'fifo' else 'a device'}); "
+                            "refusing to read it")
+
+
+def test_a_run_directorys_fifo_model_file_is_refused_not_skipped(tmp_path):
+    os.mkfifo(tmp_path / "model.safetensors")
+    with _deadline(5), pytest.raises(MnistflowError, match=r"model.safetensors: not a regular file \(a FIFO\)"):
+        load_any(tmp_path)
+
+
+@pytest.mark.parametrize("name", ["m.onnx", "m.safetensors", "m.pt"])
+def test_a_sparse_model_file_over_the_cap_is_refused_unread(tmp_path, name):
+    p = tmp_path / name
+    cap = checkpoint.MAX_CHECKPOINT_BYTES if name.endswith(".pt") else MAX_MODEL_BYTES
+    with open(p, "wb") as f:
+        f.truncate(cap + 1)
+    errors = []
+
+    def attempt():
+        with pytest.raises(MnistflowError) as e:
+            load_any(p)
+        errors.append(str(e.value))
+
+    peak = _peak_mb(attempt)
+    assert f"of {cap + 1:,} bytes is over the {cap:,}-byte limit" in errors[0], errors
+    assert "\n" not in errors[0] and peak < 64, (errors, peak)
+
+
+def test_onnx_initializers_that_are_not_finite_are_refused(tmp_path):
+    onnx = pytest.importorskip("onnx")
+    path = _onnx(tmp_path / "m.onnx", BASE)
+    m = onnx.load(path)
+    w = np.zeros((784, 10), np.float32)
+    w[5, 5] = np.inf
+    m.graph.initializer[0].raw_data = w.tobytes()
+    onnx.save(m, path)
+    with pytest.raises(MnistflowError, match=r"m.onnx: initializer 'W' holds non-finite values"):
         load_any(path)

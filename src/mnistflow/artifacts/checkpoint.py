@@ -43,10 +43,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from mnistflow.artifacts.model_file import load_weights, unwrap
+from mnistflow.artifacts.model_file import MAX_MODEL_BYTES, load_weights, unwrap
 from mnistflow.artifacts.rundir import CHECKPOINTS
 from mnistflow.core.errors import MnistflowError, display
-from mnistflow.core.fsutil import atomic_write, atomic_write_text, fsync_dir
+from mnistflow.core.fsutil import NotReadable, atomic_write, atomic_write_text, fsync_dir, open_regular, \
+    read_regular
 from mnistflow.core.log import warn
 
 FORMAT_VERSION = 2
@@ -61,6 +62,12 @@ _STEP_FILE = re.compile(r"^step-(\d+)\.pt$")
 PAYLOAD_KEYS = ("format_version", "model", "optimizer", "scheduler", "scaler", "rng", "train_state",
                 "config", "data", "model_info")
 SLOW_SAVE_ENV = "MNISTFLOW_TEST_SLOW_SAVE"  # tests: seconds to sleep inside the write window
+# The largest checkpoint file read: a checkpoint is read whole (its checksum is verified before
+# anything is unpickled), so this bounds the memory a candidate can take: room for the weights
+# of a model at the model-file cap plus an optimizer's two moments and the rest. A larger file
+# (a sparse file, a link to /dev/zero) is a corrupt candidate: skipped by ``find_latest``.
+MAX_CHECKPOINT_BYTES = 4 * MAX_MODEL_BYTES
+MAX_POINTER_BYTES = 4096  # the ``last`` / ``best`` pointer files: one file name
 
 class CorruptCheckpoint(MnistflowError):
     """A checkpoint file that is truncated, altered or not a checkpoint at all."""
@@ -123,10 +130,27 @@ def seal(body: bytes, meta: dict | None = None) -> bytes:
     return buf.getvalue()
 
 
+def slow_save_seconds() -> float:
+    """``MNISTFLOW_TEST_SLOW_SAVE`` (a test hook: seconds to sleep inside a checkpoint's write
+    window), checked: a finite number >= 0, else one ``MnistflowError``. Unset or empty: 0.
+    Cheap: a configuration check may call it before a run starts."""
+    raw = os.environ.get(SLOW_SAVE_ENV, "").strip()
+    if not raw:
+        return 0.0
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not (value >= 0 and value != float("inf")):
+        raise MnistflowError(f"{SLOW_SAVE_ENV} must be a finite number of seconds >= 0, got "
+                             f"{raw[:40]!r}")
+    return value
+
+
 def write(path: str | Path, payload: dict, meta: dict | None = None) -> Path:
     """Write ``payload`` atomically (temp file, fsync, rename, fsync dir) with its checksum."""
+    slow = slow_save_seconds()
     data = seal(_serialize(payload), meta)
-    slow = float(os.environ.get(SLOW_SAVE_ENV) or 0)
 
     def _write(f):
         f.write(data)
@@ -138,7 +162,7 @@ def write(path: str | Path, payload: dict, meta: dict | None = None) -> Path:
     return Path(path)
 
 
-def _zip_header(src, path: Path, verify_body: bool = False) -> tuple[dict, int]:
+def _zip_header(src, path: Path, verify_body: bool = False, data: bytes | None = None) -> tuple[dict, int]:
     """(the mnistflow.json header, its entry's offset) of a version-2 file. ``verify_body``:
     check the size and sha256 of torch's entries, then the zip directory against every entry
     (names, CRC-32s), so nothing torch would read is unchecked."""
@@ -152,7 +176,8 @@ def _zip_header(src, path: Path, verify_body: bool = False) -> tuple[dict, int]:
             if verify_body:
                 if not isinstance(head, dict) or head.get("format_version") == 1:
                     raise CorruptCheckpoint("corrupt checkpoint header", path)
-                _check_body(head, src.getvalue()[:entry.header_offset], path)
+                _check_body(head, memoryview(data if data is not None else src.getvalue())
+                            [:entry.header_offset], path)
                 bad = z.testzip()
                 if bad is not None:
                     raise CorruptCheckpoint(f"corrupt checkpoint (entry {bad} does not match the "
@@ -171,7 +196,7 @@ def read_header(path: str | Path) -> dict:
     """The header (step, epoch, metric, reason, sizes) without reading the payload; not verified."""
     p = Path(path)
     try:
-        with open(p, "rb") as f:
+        with _open(p) as f:
             first = f.read(len(MAGIC))
             if first == MAGIC:
                 return json.loads(f.readline(1 << 20))
@@ -185,7 +210,17 @@ def read_header(path: str | Path) -> dict:
     raise CorruptCheckpoint("not a mnistflow checkpoint (no header)", p)
 
 
-def _check_body(head: dict, body: bytes, path: Path) -> None:
+def _open(path: Path):
+    """``path`` opened for reading if it is a regular file (``fsutil.open_regular``: a FIFO is
+    refused at once, never waited on); anything else is a ``CorruptCheckpoint`` (or "no such
+    file")."""
+    try:
+        return open_regular(path, MAX_CHECKPOINT_BYTES, "checkpoint")
+    except MnistflowError as e:  # NotReadable, or a file gone meanwhile
+        raise CorruptCheckpoint(e.detail, path) from None
+
+
+def _check_body(head: dict, body: bytes | memoryview, path: Path) -> None:
     """``body`` (the bytes the checksum covers) against the header's size and sha256."""
     try:
         size, digest = int(head["payload_bytes"]), str(head["payload_sha256"])
@@ -204,12 +239,10 @@ def _check_body(head: dict, body: bytes, path: Path) -> None:
 
 def _read_verified(path: Path) -> tuple[dict, bytes]:
     """(header, the bytes torch.load reads) after checking size and checksum."""
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        raise MnistflowError("no such file", path) from None
-    except OSError as e:
-        raise CorruptCheckpoint(f"cannot read: {e.strerror}", path) from None
+    try:  # a regular file of at most MAX_CHECKPOINT_BYTES, checked before a byte is read
+        data = read_regular(path, MAX_CHECKPOINT_BYTES, "checkpoint")
+    except NotReadable as e:
+        raise CorruptCheckpoint(e.detail, path) from None
     if data.startswith(MAGIC):  # version 1: header line, then the torch.save bytes
         nl = data.find(b"\n", len(MAGIC))
         try:
@@ -223,7 +256,7 @@ def _read_verified(path: Path) -> tuple[dict, bytes]:
         return head, body
     if not data.startswith(ZIP_MAGIC):
         raise CorruptCheckpoint("not a mnistflow checkpoint (no header)", path)
-    head, _ = _zip_header(io.BytesIO(data), path, verify_body=True)
+    head, _ = _zip_header(io.BytesIO(data), path, verify_body=True, data=data)
     return head, data
 
 
@@ -273,7 +306,7 @@ def is_checkpoint_file(path: str | Path) -> bool:
     """A mnistflow checkpoint (either version) by its first bytes and, for a zip, its header
     entry; nothing is verified."""
     try:
-        with open(path, "rb") as f:
+        with open_regular(path) as f:
             first = f.read(len(MAGIC))
             if first == MAGIC:
                 return True
@@ -282,7 +315,7 @@ def is_checkpoint_file(path: str | Path) -> bool:
             f.seek(0)
             with zipfile.ZipFile(f) as z:
                 return any(n.endswith("/" + META_ENTRY) for n in z.namelist())
-    except (OSError, zipfile.BadZipFile, ValueError):
+    except (OSError, MnistflowError, zipfile.BadZipFile, ValueError):
         return False
 
 
@@ -370,8 +403,8 @@ def find_latest(folder: str | Path, *, quiet: bool = False) -> Path | None:
 def read_pointer(folder: str | Path, name: str) -> Path | None:
     p = Path(folder) / name
     try:
-        target = p.read_text().strip()
-    except OSError:
+        target = read_regular(p, MAX_POINTER_BYTES, "pointer file").decode().strip()
+    except (MnistflowError, UnicodeDecodeError):
         return None
     q = Path(folder) / target
     return q if target and _STEP_FILE.match(target) and q.is_file() else None
@@ -387,6 +420,7 @@ class CheckpointDir:
     best_file: Path | None = None
 
     def __post_init__(self):
+        slow_save_seconds()  # a bad test hook is refused before the first step, not at the first save
         self.folder = Path(self.folder)
         self.folder.mkdir(parents=True, exist_ok=True)
         for tmp in self.folder.glob(".*.tmp"):  # left by a process killed mid-write

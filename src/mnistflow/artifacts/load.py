@@ -13,18 +13,20 @@ strict loader (``model_file.load_weights``).
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import torch
 import torch.nn as nn
 
 from mnistflow.artifacts import checkpoint
-from mnistflow.artifacts.model_file import MODEL_FILE, ModelInfo, build_model, info_from_dict, \
+from mnistflow.artifacts.model_file import MAX_MODEL_BYTES, MODEL_FILE, ModelInfo, build_model, info_from_dict, \
     info_from_records, load_model, load_weights
 from mnistflow.artifacts.npz import as_tensors, read_npz
 from mnistflow.artifacts.onnx import OnnxBackend, load_onnx
 from mnistflow.artifacts.rundir import RunDir
 from mnistflow.core.errors import MnistflowError
+from mnistflow.core.fsutil import regular_file
 
 PLAIN_TORCH_SUFFIXES = (".pt", ".pth", ".ckpt", ".bin", ".pkl")
 
@@ -67,11 +69,14 @@ def _npz_model(p: Path, model_name: str | None, device, data) -> tuple[nn.Module
 def resolve(path: str | Path) -> Path:
     """The file ``load_any`` reads for ``path``: a run directory's ``model.safetensors``, or
     for a run that has not finished, its newest valid checkpoint."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise MnistflowError(f"a model must be given as a path (a run directory or a model file), "
+                             f"not {type(path).__name__}")
     p = Path(path)
     if p.is_dir():
         run = RunDir(p)
-        if run.model.is_file():
-            return run.model
+        if os.path.lexists(run.model):  # a FIFO or a device there is refused, not skipped
+            return regular_file(run.model, MAX_MODEL_BYTES, "model file")
         latest = checkpoint.find_latest(run.checkpoints if run.checkpoints.is_dir() else p)
         if latest is None:
             raise MnistflowError(f"no {MODEL_FILE} and no valid checkpoint in this directory "
@@ -101,6 +106,7 @@ def load_any(path: str | Path, model_name: str | None = None, device: torch.devi
     if checkpoint.is_checkpoint_file(p):
         return load_checkpoint_model(p, device, model_name)
     if suffix in PLAIN_TORCH_SUFFIXES:
+        regular_file(p, checkpoint.MAX_CHECKPOINT_BYTES, "torch file")  # before torch opens it
         obj = checkpoint.safe_torch_load(p, p)  # refuses pickle payloads with a clear error
         raise MnistflowError("not a mnistflow checkpoint (a plain torch file"
                              f"{' of ' + str(len(obj)) + ' entries' if isinstance(obj, dict) else ''}); "

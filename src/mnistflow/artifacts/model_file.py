@@ -33,7 +33,7 @@ import torch.nn as nn
 
 from mnistflow.artifacts.rundir import MODEL, RunDir
 from mnistflow.core.errors import MnistflowError
-from mnistflow.core.fsutil import atomic_write_bytes
+from mnistflow.core.fsutil import atomic_write_bytes, open_regular
 
 if TYPE_CHECKING:
     from mnistflow.data.records import Records
@@ -160,17 +160,50 @@ def check_fit(own: Mapping[str, torch.Tensor], given: Mapping[str, object]) -> W
     return fit
 
 
+def check_values(weights: Mapping[str, object], where: str | Path | None = None) -> None:
+    """Every tensor (or array) of ``weights`` holds real numbers (bool, integer or floating
+    point; a complex one would lose its imaginary part, anything else is not a weight) and,
+    floating point, only finite ones: a NaN or an infinity would make every prediction NaN.
+    The first offender is one ``MnistflowError`` naming it."""
+    for name, t in weights.items():
+        if not isinstance(t, torch.Tensor):
+            try:
+                t = torch.as_tensor(t)
+            except (TypeError, ValueError, RuntimeError):
+                raise MnistflowError(f"tensor '{str(name)[:80]}' is not an array of numbers", where) from None
+        if t.is_complex() or not (t.is_floating_point() or t.dtype == torch.bool or _is_int_dtype(t.dtype)):
+            raise MnistflowError(f"tensor '{str(name)[:80]}' holds {str(t.dtype).replace('torch.', '')} "
+                                 "values; weights must be real numbers (bool, int or float)", where)
+        if t.is_floating_point() and t.numel():
+            try:
+                finite = bool(torch.isfinite(t).all())
+            except (RuntimeError, TypeError):  # a float type without isfinite (float8): as float32
+                finite = bool(torch.isfinite(t.float()).all())
+            if not finite:
+                bad = int((~torch.isfinite(t.float())).sum())
+                raise MnistflowError(f"tensor '{str(name)[:80]}' holds {bad:,} non-finite value(s) "
+                                     "(NaN or infinity); refusing weights that would make every "
+                                     "prediction NaN", where)
+
+
+def _is_int_dtype(dtype: torch.dtype) -> bool:
+    return dtype in (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8) or \
+        str(dtype) in ("torch.uint16", "torch.uint32", "torch.uint64")
+
+
 def load_weights(model: nn.Module, weights: Mapping[str, torch.Tensor],
                  where: str | Path | None = None, *, what: str = "") -> nn.Module:
     """Load ``weights`` into (the unwrapped) ``model``, strictly; returns the unwrapped model.
 
     Any missing or unexpected name or shape mismatch raises ``MnistflowError`` naming them
-    (``what``: the model's name for the message); nothing is loaded then."""
+    (``what``: the model's name for the message), and so does a tensor of non-real numbers
+    or with a NaN or infinity (``check_values``); nothing is loaded then."""
     target = unwrap(model)
     fit = check_fit(target.state_dict(), weights)
     if not fit.ok:
         raise MnistflowError(f"weights do not fit {'model ' + repr(what) if what else 'the model'} "
                              f"({fit.describe()})", where)
+    check_values(weights, where)
     target.load_state_dict(dict(weights), strict=True)
     return target
 
@@ -423,13 +456,20 @@ def outputs_of_records(info: ModelInfo, rec: Records, split: str) -> list[int] |
 
 
 MAX_HEADER_BYTES = 64 * 1024 * 1024  # a safetensors JSON header (names, shapes, metadata)
+# The largest model file read (model.safetensors, .onnx, the weights in a checkpoint): its
+# tensors are read whole, so this bounds the memory one takes. mnistflow's largest registered
+# model (seed-cnn, 3.3M parameters) is 13 MB in fp32: the cap leaves room for models 40 times
+# its size, and refuses a sparse file or a link to /dev/zero before a byte is read.
+MAX_MODEL_BYTES = 512 * 1024 ** 2
 
 
 def _check_safetensors_header(p: Path) -> None:
-    """The 8-byte header length against the file size and ``MAX_HEADER_BYTES``, before the
-    safetensors library reads (and allocates for) the header."""
+    """A regular file of at most ``MAX_MODEL_BYTES`` (``fsutil.open_regular``: a FIFO or a
+    device is refused, never opened by the library), then the 8-byte header length against the
+    file size and ``MAX_HEADER_BYTES``, before the safetensors library reads (and allocates
+    for) the header."""
     try:
-        with open(p, "rb") as f:
+        with open_regular(p, MAX_MODEL_BYTES, "model file") as f:
             head = f.read(8)
             size = os.fstat(f.fileno()).st_size
     except OSError as e:

@@ -22,10 +22,10 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from mnistflow.artifacts.model_file import MAX_META_CHARS, ModelInfo, WeightsFit, check_fit, unwrap, \
-    validate_info
+from mnistflow.artifacts.model_file import MAX_META_CHARS, ModelInfo, WeightsFit, check_fit, check_values, \
+    unwrap, validate_info
 from mnistflow.core.errors import MnistflowError, display
-from mnistflow.core.fsutil import atomic_write_bytes
+from mnistflow.core.fsutil import atomic_write_bytes, regular_file
 
 NPZ_META_KEY = "__mnistflow__"
 
@@ -56,6 +56,7 @@ def write_npz(path: str | Path, arrays: dict[str, np.ndarray], info: ModelInfo |
 
 
 MAX_NPZ_BYTES = 4 * 1024 ** 3  # all arrays of one npz together, as their headers declare them
+MAX_NPZ_FILE_BYTES = MAX_NPZ_BYTES + 64 * 1024 ** 2  # the file: its arrays, headers and zip directory
 NUMBER_KINDS = "biuf"  # bool, signed and unsigned integers, floats
 
 
@@ -109,9 +110,7 @@ def check_npz(p: Path) -> None:
 def read_npz(path: str | Path) -> tuple[dict[str, np.ndarray], ModelInfo | None]:
     """(name -> array, info or None) from an npz, each member's header checked first
     (``check_npz``), then opened with ``allow_pickle=False``."""
-    p = Path(path)
-    if p.exists() and not p.is_file():
-        raise MnistflowError("not a regular file", p)
+    p = regular_file(path, MAX_NPZ_FILE_BYTES, "npz")  # a FIFO would block, a device never end
     check_npz(p)
     try:
         with np.load(p, allow_pickle=False) as z:
@@ -185,6 +184,7 @@ def load_npz_into(model: nn.Module, path: str | Path, only: str | Iterable[str] 
     rep.unexpected = sorted(fit.unexpected)
     bad = set(fit.missing) | {n for n, _, _ in fit.mismatched}
     rep.loaded = [k for k in own if selected(k, patterns) and k not in bad]
+    check_values({k: arrays[k] for k in rep.loaded}, path)  # as the strict loader: no NaN, no inf
     if rep.loaded:
         with torch.no_grad():
             for name in rep.loaded:  # state_dict tensors share storage with the module

@@ -25,8 +25,9 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from mnistflow.artifacts.model_file import META_KEY, ModelInfo, info_from_json, unwrap
+from mnistflow.artifacts.model_file import MAX_MODEL_BYTES, META_KEY, ModelInfo, info_from_json, unwrap
 from mnistflow.core.errors import MnistflowError, import_optional
+from mnistflow.core.fsutil import regular_file
 from mnistflow.data.normalize import normalize_np
 
 if TYPE_CHECKING:
@@ -155,7 +156,9 @@ MAX_ONNX_VALUES = 1 << 30  # initializer elements in one model, all together
 def check_onnx_file(path: Path) -> None:
     """Each initializer's declared shape and type against the bytes it carries (external data
     is refused: ``mnistflow export`` never writes it), all together at most
-    ``MAX_ONNX_VALUES``, before onnxruntime allocates anything. Skipped without ``onnx``."""
+    ``MAX_ONNX_VALUES``, before onnxruntime allocates anything; the file itself must be a
+    regular file of at most ``MAX_MODEL_BYTES`` (checked first, even without ``onnx``)."""
+    path = regular_file(path, MAX_MODEL_BYTES, "ONNX model")
     try:
         import onnx
         from onnx import TensorProto, helper
@@ -190,6 +193,16 @@ def check_onnx_file(path: Path) -> None:
             raise MnistflowError(f"initializer '{t.name[:80]}' declares {'x'.join(map(str, t.dims))} "
                                  f"values but stores {stored:,} {'bytes' if t.raw_data else 'values'}",
                                  path)
+        if t.data_type in (TensorProto.COMPLEX64, TensorProto.COMPLEX128):
+            raise MnistflowError(f"initializer '{t.name[:80]}' holds complex values; weights must be "
+                                 "real numbers", path)
+        if t.data_type in (TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.FLOAT16) and n:
+            from onnx import numpy_helper
+
+            if not np.isfinite(numpy_helper.to_array(t)).all():  # as the strict weight loader
+                raise MnistflowError(f"initializer '{t.name[:80]}' holds non-finite values (NaN or "
+                                     "infinity); refusing weights that would make every prediction "
+                                     "NaN", path)
 
 
 def _check_io(sess, info: ModelInfo, path: Path) -> None:
@@ -216,7 +229,7 @@ def _check_io(sess, info: ModelInfo, path: Path) -> None:
 def load_onnx(path: str | Path, threads: int | None = None) -> tuple[OnnxBackend, ModelInfo]:
     """An ``.onnx`` file written by ``mnistflow export`` as a backend, and its info; the
     initializers, the metadata and the input/output shapes are validated."""
-    p = Path(path)
+    p = regular_file(path, MAX_MODEL_BYTES, "ONNX model")  # before onnx / onnxruntime read it whole
     check_onnx_file(p)
     sess = session(p, threads)
     try:

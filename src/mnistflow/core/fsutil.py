@@ -1,5 +1,6 @@
 """Files written whole or not at all (a temporary file in the same directory, fsync, rename,
-fsync the directory), and their checksums.
+fsync the directory), and their checksums; and THE check before an input file is read
+(``regular_file`` / ``open_regular`` / ``read_regular``): a regular file of at most N bytes.
 
 A failed write (disk full, a read-only file system, no permission, a path of the wrong
 kind) is a ``MnistflowError`` naming the file, one line for the user; it leaves neither
@@ -13,10 +14,12 @@ import hashlib
 import os
 import re
 import secrets
+import stat
 from collections.abc import Callable
 from pathlib import Path
+from typing import BinaryIO
 
-from mnistflow.core.errors import os_error
+from mnistflow.core.errors import MnistflowError, os_error
 
 
 def fsync_dir(path: str | Path) -> None:
@@ -123,3 +126,99 @@ def sha256_file(path: Path) -> str:
         for chunk in iter(lambda: f.read(1 << 22), b""):
             h.update(chunk)
     return h.hexdigest()
+
+
+# --- reading an input file: a regular file of at most N bytes --------------------------------
+
+class NotReadable(MnistflowError):
+    """An input file that exists (or is a dangling link) but is not read: not a regular file
+    (a FIFO, socket, device or folder), over its size cap, or an OS error opening it. A file
+    that does not exist at all is a plain ``MnistflowError`` ("no such file")."""
+
+
+def _kind(mode: int) -> str:
+    if stat.S_ISDIR(mode):
+        return "a folder"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    return "an unknown kind"
+
+
+def _check_stat(path: Path, st: os.stat_result, max_bytes: int | None, what: str) -> None:
+    if not stat.S_ISREG(st.st_mode):
+        raise NotReadable(f"not a regular file ({_kind(st.st_mode)}); refusing to read it", path)
+    if max_bytes is not None and st.st_size > max_bytes:
+        raise NotReadable(f"{what} of {st.st_size:,} bytes is over the {max_bytes:,}-byte limit; "
+                          "refusing to read it", path)
+
+
+def _missing(path: Path, e: OSError) -> MnistflowError:
+    if isinstance(e, FileNotFoundError):
+        if os.path.lexists(path):
+            return NotReadable("a broken symbolic link", path)
+        return MnistflowError("no such file", path)
+    return NotReadable(f"cannot read: {e.strerror or e}", path)
+
+
+def regular_file(path: str | os.PathLike, max_bytes: int | None = None, what: str = "file") -> Path:
+    """``path`` if it is (or links to) a regular file of at most ``max_bytes`` bytes, checked by
+    ``stat`` without opening it: a FIFO (whose open would wait forever for a writer), a device
+    (``/dev/zero`` never ends), a socket or a folder is refused, and so is a file over the cap
+    (a sparse file costs nothing on disk but everything once read). ``what`` names the file
+    in the size message. Raises ``NotReadable`` (a ``MnistflowError``), or ``MnistflowError``
+    ("no such file")."""
+    p = Path(path)
+    try:
+        st = os.stat(p)
+    except OSError as e:
+        raise _missing(p, e) from None
+    _check_stat(p, st, max_bytes, what)
+    return p
+
+
+def open_regular(path: str | os.PathLike, max_bytes: int | None = None, what: str = "file") -> BinaryIO:
+    """``path`` opened for binary reading, after the checks of :func:`regular_file` made on the
+    open descriptor (opened without blocking, so a FIFO is refused at once, and no file can be
+    swapped in between a check and the open)."""
+    p = Path(path)
+    try:
+        fd = os.open(p, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    except IsADirectoryError:
+        raise NotReadable("not a regular file (a folder); refusing to read it", p) from None
+    except OSError as e:
+        raise _missing(p, e) from None
+    try:
+        _check_stat(p, os.fstat(fd), max_bytes, what)
+        if hasattr(os, "set_blocking"):
+            os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_regular(path: str | os.PathLike, max_bytes: int, what: str = "file") -> bytes:
+    """The bytes of a regular file of at most ``max_bytes`` (:func:`open_regular`); never more
+    than ``max_bytes`` + 1 are read, even from a file that grows meanwhile."""
+    p = Path(path)
+    with open_regular(p, max_bytes, what) as f:
+        try:  # sized from the file (read(n) allocates n bytes first), then to EOF if it grew
+            size = os.fstat(f.fileno()).st_size
+            parts = [f.read(size + 1)]
+            total = len(parts[0])
+            while total > size and total <= max_bytes:
+                more = f.read(min(1 << 20, max_bytes + 1 - total))
+                if not more:
+                    break
+                parts.append(more)
+                total += len(more)
+        except OSError as e:
+            raise NotReadable(f"cannot read: {e.strerror or e}", p) from None
+    data = parts[0] if len(parts) == 1 else b"".join(parts)
+    if len(data) > max_bytes:
+        raise NotReadable(f"{what} grew over the {max_bytes:,}-byte limit while being read", p)
+    return data

@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,7 +25,7 @@ import torch
 from mnistflow.artifacts import checkpoint, rundir
 from mnistflow.artifacts.rundir import RunDir
 from mnistflow.core.errors import MnistflowError
-from mnistflow.core.fsutil import atomic_write_text
+from mnistflow.core.fsutil import atomic_write, open_regular
 from mnistflow.data.augment import legacy_policy
 from mnistflow.data.records import Records
 from mnistflow.runtime import dist
@@ -112,7 +113,7 @@ def locate_resume(resume: str | os.PathLike | bool, run_dir: str | os.PathLike |
         if found is None:
             raise MnistflowError("no valid checkpoint to resume from", folder)
         rd = folder.parent
-    elif p.is_file():
+    elif p.is_file() or os.path.lexists(p):  # a FIFO or a device: refused by the checkpoint reader
         found = p
         of = RunDir.of_checkpoint(p)
         rd = of.path if of is not None else p.parent
@@ -125,8 +126,11 @@ _read: tuple[tuple, dict] | None = None  # the last payload read and not yet tak
 
 
 def _identity(path: Path) -> tuple:
-    st = path.stat()
-    return str(path.resolve()), st.st_mtime_ns, st.st_size
+    try:
+        st = path.stat()
+        return str(path.resolve()), st.st_mtime_ns, st.st_size
+    except (OSError, RuntimeError):  # gone, a dangling link, a loop: the reader says which
+        return (str(path), None, None)
 
 
 def load(path: str | Path, *, keep: bool = False) -> dict:
@@ -247,17 +251,39 @@ class Resume:
             torch.manual_seed(rank_seed(seed, rank, state.step))
 
 
+MAX_METRICS_LINE = 1 << 20  # bytes of one metrics record; a longer line is not one of ours
+
+
+def _metrics_lines(f) -> Iterator[bytes]:
+    """The lines of an open metrics file, each at most ``MAX_METRICS_LINE`` bytes read at once;
+    a longer one (a torn or foreign line, a sparse file of zeros) is skipped piece by piece."""
+    while True:
+        line = f.readline(MAX_METRICS_LINE)
+        if not line:
+            return
+        if not line.endswith(b"\n") and len(line) >= MAX_METRICS_LINE:
+            while line and not line.endswith(b"\n"):  # the rest of the over-long line
+                line = f.readline(MAX_METRICS_LINE)
+            continue
+        yield line
+
+
 def truncate_metrics(path: Path, step: int) -> None:
     """Drop records after ``step`` (logged by the interrupted process after its last
-    checkpoint; the resumed run logs them again) and any torn last line."""
-    if not path.is_file():
+    checkpoint; the resumed run logs them again) and any torn last line. Read line by line
+    (bounded memory); a metrics file that is not a regular file (a FIFO would block the run's
+    logger forever) is an error."""
+    if not os.path.lexists(path):
         return
-    keep = []
-    for line in path.read_text().splitlines():
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(rec, dict) and rec.get("step", 0) <= step:
-            keep.append(line)
-    atomic_write_text(path, "".join(ln + "\n" for ln in keep))
+    with open_regular(path) as f:
+        def write(out) -> None:
+            for line in _metrics_lines(f):
+                try:
+                    rec = json.loads(line)
+                except (ValueError, RecursionError):
+                    continue
+                if isinstance(rec, dict) and isinstance(rec.get("step", 0), (int, float)) \
+                        and rec.get("step", 0) <= step:
+                    out.write(line.rstrip(b"\r\n") + b"\n")
+
+        atomic_write(path, write)
