@@ -430,3 +430,19 @@ def test_strides_and_sizes_within_the_bounds_build():
 
     for spec in ("conv3x3x8-s2,fc10", "conv3x3x8-s4096", "conv1x1x1-s1-valid,maxpool3s1,fc10"):
         create_model(spec, (1, 28, 28), 10)
+
+
+def test_nested_recordings_of_equal_warnings_each_end_their_own():
+    """Ending a recording took the first EQUAL list off the stack (list.remove): with two
+    recordings that held the same warnings the outer one ended, and the inner one's end then
+    failed with 'x not in list'."""
+    from mnistflow.core import log
+
+    with log.recording() as outer:
+        log.warn("memory nearly exhausted")
+        with log.recording() as inner:
+            outer.clear()
+            log.warn("w")  # into both: the two lists are now equal
+        assert inner == ["w"]
+        log.warn("after")
+    assert outer == ["w", "after"] and log._records == []

@@ -114,4 +114,6 @@ def recording() -> Iterator[list[str]]:
     try:
         yield got
     finally:
-        _records.remove(got)
+        # by identity: list.remove compares by value, and two recordings that hold the same
+        # warnings are equal, so it could take another one's list off the stack
+        _records[:] = [r for r in _records if r is not got]
