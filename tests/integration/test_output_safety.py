@@ -219,21 +219,24 @@ def test_a_fifo_is_refused_not_read(copy, name):
     (copy / name).unlink()
     os.mkfifo(copy / name)
     proc = run_cli("report", str(copy), "--device", "cpu", timeout=120)  # would block on the FIFO
-    assert_one_line_error(proc, f"{name}: is not a regular file")
+    assert_one_line_error(proc, f"{name}: not a regular file (a FIFO); refusing to read it")
 
 
 def test_run_files_are_read_with_a_cap(copy):
-    from mnistflow.reporting.run import MAX_METRICS_BYTES, MAX_SMALL_BYTES
+    from mnistflow.artifacts.runlog import MAX_METRICS_BYTES
+    from mnistflow.reporting.run import MAX_SMALL_BYTES
 
     shutil.copy(copy / "metrics.jsonl", copy / "m.bak")
     with open(copy / "metrics.jsonl", "r+b") as f:  # sparse: no disk, no memory unless read
         f.truncate(MAX_METRICS_BYTES + 1)
-    with pytest.raises(MnistflowError, match=r"metrics\.jsonl: is 64 MiB, more than the 64 MiB a report"):
+    with pytest.raises(MnistflowError, match=r"metrics\.jsonl: a metrics log of 67,108,865 bytes is over "
+                                             r"the 67,108,864-byte limit"):
         report(copy, device="cpu")
     os.replace(copy / "m.bak", copy / "metrics.jsonl")
     with open(copy / "summary.json", "r+b") as f:
         f.truncate(MAX_SMALL_BYTES + 1)
-    with pytest.raises(MnistflowError, match=r"summary\.json: is 4 MiB, more than the 4 MiB"):
+    with pytest.raises(MnistflowError, match=r"summary\.json: a run file of 4,194,305 bytes is over the "
+                                             r"4,194,304-byte limit"):
         report(copy, device="cpu")
 
 

@@ -5,6 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from mnistflow.core.errors import os_error
+from mnistflow.core.fsutil import open_regular
+
 
 def describe_views(views: int, mirror: bool) -> str:
     """What ``--tta views`` averages over, for run and eval reports."""
@@ -15,17 +18,30 @@ def describe_views(views: int, mirror: bool) -> str:
     return f"mean of {views + 1} shifted views"
 
 
-def read_metrics(path: str | Path) -> list[dict]:
-    """The records of a metrics.jsonl (a torn last line from a crash, or a line that is not a
-    JSON object, is skipped)."""
-    out = []
-    for line in Path(path).read_text().splitlines():
+MAX_METRICS_BYTES = 64 << 20  # ~250,000 logged steps (log less often for longer runs)
+
+
+def read_metrics(path: str | Path, keys: tuple[str, ...] | None = None,
+                 max_bytes: int = MAX_METRICS_BYTES) -> list[dict]:
+    """The records of a metrics.jsonl, read line by line (a torn last line from a crash, an
+    undecodable line or one that is not a JSON object is skipped), only ``keys`` of each kept
+    when given. A file that is not a regular one (a FIFO would block) or is larger than
+    ``max_bytes`` is refused (``fsutil.open_regular``): memory stays bounded."""
+    out, seen = [], 0
+    with open_regular(path, max_bytes, "a metrics log") as f:
         try:
-            rec = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(rec, dict):
-            out.append(rec)
+            for line in f:
+                seen += len(line)
+                if seen > max_bytes:  # grew since it was measured: the rest is not read
+                    break
+                try:
+                    rec = json.loads(line)
+                except (ValueError, RecursionError):
+                    continue
+                if isinstance(rec, dict):
+                    out.append(rec if keys is None else {k: rec[k] for k in keys if k in rec})
+        except OSError as e:
+            raise os_error(e, path) from None
     return out
 
 

@@ -22,11 +22,11 @@ import numpy as np
 from mnistflow.data import datasets
 from mnistflow.data.records import (FORMAT_VERSION, Records, check_replaceable, open_records,
                                     read_meta, write_records)
-from mnistflow.data.formats.raw import RawDataset, check_regular, summarize_values
+from mnistflow.data.formats.raw import RawDataset, summarize_values
 from mnistflow.data.sources import detect_format, known_files, locate_known, read_known, read_source
 from mnistflow.core.paths import home
 from mnistflow.core.progress import stages, write
-from mnistflow.core.fsutil import sha256_file
+from mnistflow.core.fsutil import regular_file, sha256_file
 from mnistflow.core.errors import MnistflowError
 
 MAX_VARIANTS = 100  # augmented copies of train (prep --variants); each is a full copy
@@ -127,7 +127,7 @@ def prepare(dataset: str | None = None, data: str | Path | None = None,
         stage("checksums")
         sums = {}
         for f in files:
-            check_regular(f)  # a FIFO would block the hash (and the reader) forever
+            regular_file(f)  # a FIFO would block the hash (and the reader) forever
             try:
                 rel = str(f.relative_to(base))
             except ValueError:

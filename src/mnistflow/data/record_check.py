@@ -15,7 +15,8 @@ import numpy as np
 
 from mnistflow.core.errors import MnistflowError, fail
 from mnistflow.core.fsutil import sha256_file
-from mnistflow.data.formats.raw import MAX_CLASSES, check_regular, open_regular
+from mnistflow.core.fsutil import open_regular, regular_file
+from mnistflow.data.formats.raw import MAX_CLASSES
 
 FORMAT_VERSION = 2  # 2: label_values (format 1 is read as label_values 0..K-1)
 SPLITS = ("train", "val", "test")
@@ -175,7 +176,7 @@ def verify(path: Path, meta: dict | None = None) -> None:
         p = path / name
         if not p.exists():
             fail(p, "missing from the record set")
-        check_regular(p)
+        regular_file(p)
         if sha256_file(p) != digest:
             fail(p, "checksum does not match meta.json: the record set is corrupt; "
                     "re-run 'mnistflow prep --force'")

@@ -30,8 +30,8 @@ from mnistflow.data.formats.raw import (
     RawDataset,
     RawSplit,
     dataset_from_labels,
-    open_regular,
 )
+from mnistflow.core.fsutil import open_regular
 
 _IDX_RE = re.compile(r"^(train|t10k|test)[-_.]?(images|labels)[-_.]idx[13]-ubyte(\.gz)?$")
 

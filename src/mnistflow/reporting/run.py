@@ -1,7 +1,7 @@
 """What a report is drawn from: a run directory's own files (``RunLog``) and the trained model
 run once over the test split of its records (``SplitPredictions``).
 
-The run's files are read with a cap (``MAX_METRICS_BYTES``, ``MAX_SMALL_BYTES``): memory stays
+The run's files are read with a cap (``runlog.MAX_METRICS_BYTES``, ``MAX_SMALL_BYTES``): memory stays
 bounded whatever a directory holds, and a file that is not a regular one (a FIFO would block
 the read) is refused. What a tampered ``summary.json`` or ``config.toml`` holds is checked
 before it is shown: a field of the wrong type is one error line naming the file and field.
@@ -11,17 +11,17 @@ from __future__ import annotations
 import json
 import math
 import os
-import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from mnistflow.artifacts.rundir import METRICS, RunDir
+from mnistflow.artifacts.runlog import read_metrics
 from mnistflow.core import compat
 from mnistflow.core.errors import MnistflowError, os_error
+from mnistflow.core.fsutil import read_regular
 
-MAX_METRICS_BYTES = 64 << 20  # metrics.jsonl: ~250,000 logged steps (log less often for longer runs)
 MAX_SMALL_BYTES = 4 << 20  # summary.json, config.toml: a few KiB when a training writes them
 # the fields of a metrics.jsonl record a report draws (the rest is not kept in memory)
 METRIC_KEYS = ("kind", "step", "epoch", "loss", "acc", "lr", "img_per_s", "data_wait_frac")
@@ -45,69 +45,18 @@ def is_number(v) -> bool:
         return False
 
 
-def _open_regular(path: Path, cap: int):
-    """``path`` opened for reading, or None if it is not there; refused if it is not a regular
-    file (a FIFO would block, a device may never end) or is larger than ``cap`` bytes."""
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
-    except FileNotFoundError:
-        return None
-    except OSError as e:
-        raise os_error(e, path) from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise MnistflowError("is not a regular file", path)
-        if st.st_size > cap:
-            raise MnistflowError(f"is {st.st_size / 2**20:,.0f} MiB, more than the {cap >> 20} MiB a "
-                                 "report reads of it", path)
-        return os.fdopen(fd, "rb")
-    except BaseException:
-        os.close(fd)
-        raise
-
-
 def _read_small(path: Path) -> str | None:
     """The text of a small run file (summary.json, config.toml), or None if there is none."""
-    f = _open_regular(path, MAX_SMALL_BYTES)
-    if f is None:
+    if not os.path.lexists(path):
         return None
     try:
-        with f:
-            data = f.read(MAX_SMALL_BYTES + 1)
+        data = read_regular(path, MAX_SMALL_BYTES, "a run file")
     except OSError as e:
         raise os_error(e, path) from None
-    if len(data) > MAX_SMALL_BYTES:  # grew since it was measured
-        raise MnistflowError(f"is more than the {MAX_SMALL_BYTES >> 20} MiB a report reads of it", path)
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
         raise MnistflowError(f"is not UTF-8 text (byte {e.start})", path) from None
-
-
-def read_metrics_capped(path: Path) -> list[dict]:
-    """The records of a metrics.jsonl, line by line, at most ``MAX_METRICS_BYTES`` of it; a torn
-    or undecodable line, or one that is not a JSON object, is skipped (as a crash leaves the
-    last line). Only the fields a report draws are kept."""
-    f = _open_regular(path, MAX_METRICS_BYTES)
-    if f is None:
-        raise MnistflowError(f"no {METRICS} in this directory (is it a run directory?)", path.parent)
-    out, seen = [], 0
-    try:
-        with f:
-            for line in f:
-                seen += len(line)
-                if seen > MAX_METRICS_BYTES:  # grew since it was measured: the rest is not read
-                    break
-                try:
-                    rec = json.loads(line)
-                except (ValueError, RecursionError):
-                    continue
-                if isinstance(rec, dict):
-                    out.append({k: rec[k] for k in METRIC_KEYS if k in rec})
-    except OSError as e:
-        raise os_error(e, path) from None
-    return out
 
 
 def _type(v) -> str:
@@ -205,7 +154,9 @@ def load_run(run_dir: str | Path) -> RunLog:
     run = RunDir(run_dir)
     if not run.path.is_dir():
         raise MnistflowError("no such run directory", run.path)
-    recs = read_metrics_capped(run.metrics)
+    if not os.path.lexists(run.metrics):
+        raise MnistflowError(f"no {METRICS} in this directory (is it a run directory?)", run.path)
+    recs = read_metrics(run.metrics, METRIC_KEYS)
     kinds = {k: _by_step([r for r in recs if r.get("kind") == k]) for k in ("train", "val", "test")}
     summary = None
     text = _read_small(run.summary)

@@ -26,7 +26,8 @@ from typing import NoReturn
 import numpy as np
 
 from mnistflow.core.errors import MnistflowError, fail
-from mnistflow.data.formats.raw import RawDataset, RawSplit, check_labels, check_regular, open_regular
+from mnistflow.core.fsutil import open_regular, regular_file
+from mnistflow.data.formats.raw import RawDataset, RawSplit, check_labels
 
 _BATCH = re.compile(r"^(data_batch_(\d+)|test_batch)$")
 MAX_BATCH_IMAGES = 10_240  # CIFAR-10 batches hold 10,000 images
@@ -239,7 +240,7 @@ def _members(path: Path) -> dict[str, tuple[str, bytes]]:
                     except OSError as e:
                         fail(p, f"cannot read: {e.strerror or e}")
         return out
-    check_regular(path)
+    regular_file(path)
     try:
         with tarfile.open(path, "r:*") as tar:
             for i, m in enumerate(tar):

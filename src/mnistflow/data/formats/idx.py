@@ -26,7 +26,8 @@ from typing import BinaryIO
 import numpy as np
 
 from mnistflow.core.errors import MnistflowError, fail
-from mnistflow.data.formats.raw import check_dataset_bytes, open_regular
+from mnistflow.core.fsutil import open_regular
+from mnistflow.data.formats.raw import check_dataset_bytes
 
 _DTYPES = {0x08: np.uint8, 0x09: np.int8, 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
 GZIP_MAX_RATIO = 1032  # deflate's largest expansion (258 bytes per 2 bits, plus framing)

@@ -14,7 +14,7 @@ import warnings
 from typing import Iterator
 
 from mnistflow.core.errors import MnistflowError, fail
-from mnistflow.data.formats.raw import open_regular
+from mnistflow.core.fsutil import open_regular
 
 MAX_PIXELS = 4096 * 4096
 

@@ -20,8 +20,8 @@ from mnistflow.data.formats.raw import (
     RawSplit,
     check_dataset_bytes,
     dataset_from_labels,
-    open_regular,
 )
+from mnistflow.core.fsutil import open_regular
 
 
 def _peek_header(npz, key: str, path: Path) -> None:

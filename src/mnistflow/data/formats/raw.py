@@ -13,16 +13,14 @@ memory is taken):
 
 * ``MAX_CLASSES``: a label value is below 100,000, and so are the classes of one dataset.
 * ``MAX_DATASET_BYTES``: the decoded images of one dataset take at most 16 GiB.
-* ``open_regular``: inputs are regular files; a FIFO, socket or device is refused, never read.
+* inputs are regular files (``core.fsutil.open_regular``): a FIFO, socket or device is refused,
+  never read.
 """
 from __future__ import annotations
 
-import os
-import stat
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO
 
 import numpy as np
 
@@ -183,42 +181,3 @@ def check_dataset_bytes(path: Path | str, nbytes: int, limit: int | None = None)
         fail(path, f"the images would take {nbytes:,} bytes decoded, more than the "
                    f"{limit:,}-byte limit for one dataset")
 
-
-def check_regular(path: Path | str) -> os.stat_result:
-    """``stat`` of ``path``, refusing anything but a regular file (a FIFO would block forever)."""
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        fail(path, "no such file")
-    except OSError as e:
-        fail(path, f"cannot read: {e.strerror or e}")
-    if not stat.S_ISREG(st.st_mode):
-        kind = "a folder" if stat.S_ISDIR(st.st_mode) else "not a regular file (a FIFO, socket or device?)"
-        fail(path, f"is {kind}; refusing to read it")
-    return st
-
-
-def open_regular(path: Path | str) -> BinaryIO:
-    """Open ``path`` for binary reading if it is a regular file, else a ``MnistflowError``.
-
-    Opened without blocking and checked on the open descriptor (no race with a swap to a
-    FIFO between a check and the open)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
-    except FileNotFoundError:
-        fail(path, "no such file")
-    except IsADirectoryError:
-        fail(path, "is a folder; refusing to read it")
-    except OSError as e:
-        fail(path, f"cannot read: {e.strerror or e}")
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            kind = "a folder" if stat.S_ISDIR(st.st_mode) else "not a regular file (a FIFO, socket or device?)"
-            fail(path, f"is {kind}; refusing to read it")
-        if hasattr(os, "set_blocking"):
-            os.set_blocking(fd, True)
-        return os.fdopen(fd, "rb")
-    except BaseException:
-        os.close(fd)
-        raise
