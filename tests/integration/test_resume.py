@@ -204,3 +204,24 @@ def test_a_signal_landing_while_the_save_is_decided_still_stops_with_a_checkpoin
     steps = _assert_no_corrupt_checkpoint(run)
     assert stopped.value.step == 8 and steps == [8], (stopped.value.step, steps)
     assert stopped.value.path is not None and stopped.value.path.name == "step-000008.pt"
+
+
+def test_a_checkpoint_copied_in_from_another_run_does_not_take_the_run_over(mnist_records, tmp_path):
+    """A seed-cnn checkpoint copied into a softmax run's checkpoints/ was resumed: config.toml
+    rewritten to seed-cnn, the softmax metrics cut, seed-cnn trained into the run. Refused now,
+    the run untouched; its own checkpoint still resumes."""
+    import shutil
+
+    common = dict(data=str(mnist_records), batch_size=64, quiet=True, threads=1, tensorboard=False)
+    run, other = tmp_path / "run", tmp_path / "other"
+    train(model="softmax", run_dir=str(run), max_steps=5, checkpoint_every=5, **common)
+    train(model="mlp", run_dir=str(other), max_steps=3, checkpoint_every=3, **common)
+    shutil.copy(other / "checkpoints" / "step-000003.pt", run / "checkpoints" / "step-000999.pt")
+    before = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
+    proc = run_cli("train", "--resume", "--run-dir", str(run), "--max-steps", "1200")
+    assert_one_line_error(proc, "step-000999.pt: was not written by the run in", "model 'mlp' (the run's: "
+                          "'softmax')", "move it out of checkpoints/")
+    assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == before
+    (run / "checkpoints" / "step-000999.pt").unlink()
+    s = train(run_dir=str(run), resume=True, max_steps=8, quiet=True)
+    assert s["steps"] == 8 and s["resumed_from"].endswith("step-000005.pt")

@@ -147,6 +147,22 @@ def load(path: str | Path, *, keep: bool = False) -> dict:
     return payload
 
 
+def check_same_run(path: Path, run_dir: Path) -> None:
+    """A checkpoint in ``run_dir``'s checkpoints/ was written by that run: its model, seed and
+    optimizer are those of the run's config.toml. One copied in from another run would take
+    the run over (its config.toml rewritten, its metrics cut back, another model trained into
+    it); refused, naming what differs."""
+    config = RunDir(run_dir).config
+    if not config.is_file():  # killed before its config was written: nothing to compare with
+        return
+    own, saved = load_toml(config), saved_config(load(path, keep=True))
+    diffs = [f"{k} {saved[k]!r} (the run's: {own[k]!r})" for k in ("model", "seed", "optimizer")
+             if k in own and k in saved and own[k] != saved[k]]
+    if diffs:
+        raise MnistflowError(f"was not written by the run in {run_dir}: it has {', '.join(diffs)}; move it "
+                             "out of checkpoints/, or resume it into another --run-dir", path)
+
+
 def keep_global_batch(base: dict, old_world: int, given: bool) -> None:
     """Resuming under another number of processes without ``--batch-size``: the per-process
     batch that keeps the checkpoint's global batch (when it divides evenly)."""

@@ -191,6 +191,8 @@ def decide_run(cfg: TrainConfig, info: dist.DistInfo, held: contextlib.ExitStack
                     of = RunDir.of_checkpoint(resume_path)
                     if of is None or of.path.resolve() != Path(run_dir).resolve():
                         _refuse_a_run(run_dir)  # another run's checkpoint starts a run of its own here
+                    else:
+                        resumemod.check_same_run(resume_path, run_dir)  # not one copied in from another
                 else:
                     own = resumemod.restart_config(run_dir)
                     note(f"no checkpoint in {display(run_dir)}; "
