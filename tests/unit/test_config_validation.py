@@ -255,6 +255,7 @@ def test_flags_out_of_range_are_refused_by_the_parser(capsys, argv, fragment):
     (["train", "--recipe", "softmax", "--weight-decay", "-1"], "--weight-decay must be a number >= 0"),
     (["profile", "--profile-steps", "abc"], "--profile-steps must be A:B with 0 <= A < B, got 'abc'"),
     (["profile", "--profile-steps", "5"], "--profile-steps must be A:B"),
+    (["train", "--recipe", "softmax", "--init-only", "conv*"], "--init-only selects what --init-from loads"),
 ])
 def test_train_settings_fail_before_any_work(tmp_path, capsys, argv, fragment):
     run = tmp_path / "run"
@@ -338,11 +339,11 @@ def test_config_toml_round_trips_any_text(tmp_path, text):
     from mnistflow.core import compat
 
     cfg = resolve(flags={"recipe": "softmax", "run_dir": text or None, "data": text or None,
-                         "init_only": text or None, "profile_steps": None})
+                         "profile_steps": None})
     path = tmp_path / "config.toml"
     configmod.save_toml(cfg, path)
     raw = compat.tomllib().loads(path.read_text(encoding="utf-8"))
-    assert raw.get("run_dir") == (text or None) and raw.get("init_only") == (text or None)
+    assert raw.get("run_dir") == (text or None) and raw.get("data") == (text or None)
     back = load_toml(path)
     assert resolve(file=back) == cfg
     assert configmod.toml_value(text) == configmod.toml_value(text)  # (deterministic)

@@ -368,6 +368,8 @@ def validate(cfg: TrainConfig, *, check_model: bool = True) -> None:
                              "train+val trains on: add --target-split test")
     if cfg.nesterov and cfg.optimizer == "momentum" and cfg.momentum == 0:
         raise MnistflowError("--nesterov needs a --momentum above 0")
+    if cfg.init_only is not None and not cfg.init_from:
+        raise MnistflowError("--init-only selects what --init-from loads: give --init-from NPZ too")
     if cfg.profile_steps is not None:
         from mnistflow.training.observe.profiler import parse_steps
 
