@@ -447,3 +447,18 @@ def test_nested_recordings_of_equal_warnings_each_end_their_own():
         assert inner == ["w"]
         log.warn("after")
     assert outer == ["w", "after"] and log._records == []
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(num_classes=-1), "num_classes must be an integer from 1 to 100000, got -1"),  # (a torch RuntimeError)
+    (dict(num_classes=0), "num_classes must be an integer from 1 to 100000, got 0"),  # (built a model)
+    (dict(num_classes=2.5), "num_classes must be an integer from 1 to 100000, got 2.5"),
+    (dict(in_shape=(1, 0, 28)), "in_shape must be (channels, height, width), positive integers, got (1, 0, 28)"),
+    (dict(in_shape=(28, 28)), "in_shape must be (channels, height, width)"),
+])
+def test_create_model_checks_its_shape_arguments(kwargs, message):
+    from mnistflow.models import create_model
+
+    for name in ("fast", "fc10"):  # a registered name and a layer spec
+        with pytest.raises(MnistflowError, match=re.escape(message)):
+            create_model(name, **kwargs)

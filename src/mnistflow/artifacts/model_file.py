@@ -34,6 +34,7 @@ import torch.nn as nn
 from mnistflow.artifacts.rundir import MODEL, RunDir
 from mnistflow.core.errors import MnistflowError
 from mnistflow.core.fsutil import atomic_write_bytes, open_regular
+from mnistflow.data.formats.raw import MAX_CLASSES  # as the record readers' label cap
 
 if TYPE_CHECKING:
     from mnistflow.data.records import Records
@@ -350,7 +351,6 @@ def resolve_model_path(path: str | Path) -> Path:
 # Limits a model file's description must respect; anything beyond is what only a hostile or
 # corrupt file would declare, and is refused before any memory is sized from it.
 MAX_META_CHARS = 16 * 1024 * 1024  # the metadata JSON
-MAX_CLASSES = 100_000  # as the record readers' label cap
 MAX_CLASS_NAME = 1_000  # characters
 MAX_CHANNELS = 64
 MAX_INPUT_VALUES = 1 << 24  # C * H * W of one input image

@@ -72,8 +72,14 @@ def get_entry(name: str) -> ModelEntry:
 def create_model(name: str, in_shape: tuple[int, int, int] = (1, 28, 28),
                  num_classes: int = 10, **kwargs) -> nn.Module:
     """A new model: a registered name, or a layer spec string (see ``models.spec``)."""
+    from mnistflow.data.formats.raw import MAX_CLASSES
     from mnistflow.models.spec import build_from_spec, looks_like_spec
 
+    if isinstance(num_classes, bool) or not isinstance(num_classes, int) or not 1 <= num_classes <= MAX_CLASSES:
+        raise MnistflowError(f"num_classes must be an integer from 1 to {MAX_CLASSES}, got {num_classes!r}")
+    if (not isinstance(in_shape, (tuple, list)) or len(in_shape) != 3
+            or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in in_shape)):
+        raise MnistflowError(f"in_shape must be (channels, height, width), positive integers, got {in_shape!r}")
     if name not in _REGISTRY and looks_like_spec(name):
         return build_from_spec(name, in_shape, num_classes)
     return get_entry(name).factory(in_shape=tuple(in_shape), num_classes=num_classes, **kwargs)
