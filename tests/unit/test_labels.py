@@ -347,3 +347,21 @@ def test_records_shows_each_class_with_its_counts_per_split(tmp_path, capsys):
                         for i, (v, n) in enumerate(zip((1, 2, 3), "abc"))]
     assert rows[3] == ["total", "7", "2", "2"]
 
+
+
+def test_records_whose_classes_are_named_otherwise_are_matched_by_value_with_a_warning(tmp_path):
+    """eval of a letters model on records whose labels 1.. are named otherwise (cat, dog, ...)
+    matched them by label value without a word."""
+    from mnistflow.artifacts.model_file import outputs_of_records
+    from mnistflow.core import log
+
+    letters = _records(tmp_path, list(range(1, 27)), LETTERS, out="letters")
+    info = info_from_records("softmax", letters)
+    pets = _records(tmp_path, [1, 2], {1: "cat", 2: "dog"}, name="pets", out="pets")
+    with log.recording() as said:
+        assert outputs_of_records(info, pets, "test") == [0, 1]
+    assert said == [f"{pets.path}: its classes are named otherwise than the model's (2 of them, e.g. label 1: "
+                    "'cat' there, 'a' in the model); they are matched by label value"]
+    with log.recording() as said:
+        assert outputs_of_records(info, letters, "test") is None  # its own records: nothing said
+    assert said == []

@@ -34,6 +34,7 @@ import torch.nn as nn
 from mnistflow.artifacts.rundir import MODEL, RunDir
 from mnistflow.core.errors import MnistflowError
 from mnistflow.core.fsutil import atomic_write_bytes, open_regular
+from mnistflow.core.log import warn
 from mnistflow.data.formats.raw import MAX_CLASSES  # as the record readers' label cap
 
 if TYPE_CHECKING:
@@ -449,6 +450,12 @@ def outputs_of_records(info: ModelInfo, rec: Records, split: str) -> list[int] |
     it, or None when they are the same (a model evaluated on its own kind of records). A
     class that ``split`` holds images of and the model has no output for is an error."""
     values = list(rec.label_values)
+    named = dict(zip(info.values, info.class_names))  # the model's name of each label value
+    other = [(v, n, named[v]) for v, n in zip(values, rec.class_names) if v in named and named[v] != n]
+    if other:  # (cat/dog records against a digits model: label 0 is 'cat' there, '0' here)
+        v, theirs, mine = other[0]
+        warn(f"{rec.path}: its classes are named otherwise than the model's ({len(other)} of them, e.g. "
+             f"label {v}: '{theirs}' there, '{mine}' in the model); they are matched by label value")
     if values == info.values:
         return None
     present = (rec.class_counts(split) > 0).tolist()
