@@ -31,6 +31,7 @@ from mnistflow.artifacts.rundir import CHECKPOINTS, RunDir
 from mnistflow.core.errors import MnistflowError, display, import_optional
 from mnistflow.core.fsutil import atomic_write_bytes
 from mnistflow.core.progress import stages
+from mnistflow.runtime.cpu import set_threads
 
 FORMATS = ("onnx", "npz", "safetensors")
 EXT = {"onnx": ".onnx", "npz": ".npz", "safetensors": ".safetensors"}
@@ -171,6 +172,7 @@ def export(model_path: str | Path, format: str, out: str | Path | None = None,
     patterns = globs(only)
     if patterns and fmt == "onnx":
         raise MnistflowError("--only selects parameters for npz/safetensors; ONNX needs the whole model")
+    set_threads(None)  # $MNISTFLOW_THREADS or the usable cores, as eval and train (a bad value: one line)
     src = Path(model_path)
     named = out is not None
     if named:

@@ -211,6 +211,7 @@ def predict(model_path: str | Path, images: str | Path | list[str | Path] | np.n
     given = _image_arg(images)  # checked before the model is loaded
     if not _is_array(given) and not given:
         raise MnistflowError("no images given")
+    set_threads(None)  # $MNISTFLOW_THREADS or the usable cores, as eval and train (a bad value: one line)
     model, info = load_any(model_path, model_name, pick_device(device), data=data)
     if _is_array(given):
         batch = _check_array(given, tuple(info.in_shape))

@@ -462,3 +462,12 @@ def test_create_model_checks_its_shape_arguments(kwargs, message):
     for name in ("fast", "fc10"):  # a registered name and a layer spec
         with pytest.raises(MnistflowError, match=re.escape(message)):
             create_model(name, **kwargs)
+
+
+@pytest.mark.parametrize("verb", ["predict", "export"])
+def test_predict_and_export_read_mnistflow_threads_as_eval_and_train_do(monkeypatch, tmp_path, capsys, verb):
+    """MNISTFLOW_THREADS=abc was refused by train and eval but ignored by predict and export."""
+    monkeypatch.setenv("MNISTFLOW_THREADS", "abc")
+    argv = [verb, str(tmp_path / "run"), *(["x.png"] if verb == "predict" else ["--format", "npz"])]
+    assert cli.main(argv) == 2
+    assert "MNISTFLOW_THREADS must be an integer from 1 to 1024 (or unset), got 'abc'" in one_line_error(capsys)
