@@ -2,12 +2,10 @@
 entry), the reading of version-1 files, and the strict restore."""
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import io
 import json
 import os
-import signal
 import tracemalloc
 import zipfile
 
@@ -15,6 +13,7 @@ import pytest
 import torch
 import torch.nn as nn
 
+from helpers.blocking import deadline
 from mnistflow.artifacts import checkpoint
 from mnistflow.artifacts.load import load_any
 from mnistflow.core.errors import MnistflowError
@@ -155,20 +154,6 @@ def test_restore_is_strict_and_names_what_does_not_fit():
 
 # --- candidates that must not be read: devices, FIFOs, files over the cap -----------------------
 
-@contextlib.contextmanager
-def _deadline(seconds: int = 5):
-    """Opening a FIFO waits for a writer: such a read fails the test instead of hanging it."""
-    def boom(*_):
-        raise AssertionError(f"blocked for {seconds} s")
-
-    old = signal.signal(signal.SIGALRM, boom)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, old)
-
 
 def _zero_link(p):
     p.symlink_to("/dev/zero")
@@ -191,7 +176,7 @@ def test_an_unreadable_newest_candidate_falls_back_unread(tmp_path, plant, reaso
     plant(bad)
     tracemalloc.start()
     try:
-        with _deadline(10):
+        with deadline(10):
             assert checkpoint.find_latest(tmp_path) == good
             with pytest.raises(checkpoint.CorruptCheckpoint) as e:
                 checkpoint.load(bad)
@@ -212,7 +197,7 @@ def test_a_fifo_pointer_file_is_no_pointer(tmp_path):
     checkpoint.write(tmp_path / "step-000007.pt", _payload())
     os.mkfifo(tmp_path / checkpoint.BEST)
     (tmp_path / checkpoint.LAST).symlink_to("/dev/zero")
-    with _deadline(5):
+    with deadline(5):
         assert checkpoint.read_pointer(tmp_path, checkpoint.BEST) is None
         assert checkpoint.read_pointer(tmp_path, checkpoint.LAST) is None
 
@@ -245,7 +230,7 @@ def test_resume_skips_a_fifo_checkpoint_and_refuses_a_fifo_metrics_file(tmp_path
     ck = tmp_path / "run" / checkpoint.CKPT_DIR
     good = checkpoint.write(ck / "step-000007.pt", _payload())
     os.mkfifo(ck / "step-000600.pt")
-    with _deadline(10):
+    with deadline(10):
         assert resume.locate_resume(True, tmp_path / "run", quiet=True) == (good, tmp_path / "run")
         found, _ = resume.locate_resume(str(ck / "step-000600.pt"), None)  # named: refused when read
         with pytest.raises(checkpoint.CorruptCheckpoint, match=r"not a regular file \(a FIFO\)"):

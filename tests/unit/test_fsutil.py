@@ -4,15 +4,14 @@ umask finding). OS failures are simulated by patching ``os`` functions; the CLI 
 real full and read-only file systems are in tests/integration/test_os_errors.py."""
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
-import signal
 import stat
 from pathlib import Path
 
 import pytest
 
+from helpers.blocking import deadline
 from helpers.synthetic import raw_dataset
 from mnistflow.core import fsutil
 from mnistflow.core.errors import MnistflowError, os_error
@@ -224,20 +223,6 @@ def test_an_interruption_just_after_the_temporary_record_folder_is_made_leaves_n
 
 # --- regular_file / open_regular / read_regular: THE check before an input file is read --------
 
-@contextlib.contextmanager
-def _deadline(seconds: int = 5):
-    """A check that blocks (opening a FIFO waits for a writer) fails the test, never hangs it."""
-    def boom(*_):
-        raise AssertionError(f"blocked for {seconds} s")
-
-    old = signal.signal(signal.SIGALRM, boom)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, old)
-
 
 def _one_line(e: pytest.ExceptionInfo, path: Path, *fragments: str) -> None:
     msg = str(e.value)
@@ -254,7 +239,7 @@ def test_a_fifo_a_device_and_a_folder_are_refused_without_blocking(tmp_path, che
     folder.mkdir()
     fn = getattr(fsutil, check)
     for path, kind in ((fifo, "(a FIFO)"), (dev, "(a device)"), (folder, "(a folder)")):
-        with _deadline(5), pytest.raises(fsutil.NotReadable) as e:
+        with deadline(5), pytest.raises(fsutil.NotReadable) as e:
             fn(path, 1 << 20, "model file")
         _one_line(e, path, "not a regular file", kind)
 

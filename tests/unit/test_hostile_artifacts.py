@@ -3,11 +3,9 @@ are validated against what the file declares before anything is allocated, and e
 is one ``MnistflowError``, never a traceback or a huge allocation."""
 from __future__ import annotations
 
-import contextlib
 import io
 import json
 import os
-import signal
 import struct
 import tracemalloc
 import zipfile
@@ -17,6 +15,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from helpers.blocking import deadline
 from mnistflow.artifacts import checkpoint
 from mnistflow.artifacts.load import load_any
 from mnistflow.artifacts.model_file import MAX_MODEL_BYTES, ModelInfo, save_model, validate_info
@@ -272,27 +271,13 @@ def test_onnx_metadata_that_is_not_utf8_is_one_error(tmp_path):
 
 # --- model files that must not be read: FIFOs, devices, files over the cap ------------------------
 
-@contextlib.contextmanager
-def _deadline(seconds: int = 5):
-    """Opening a FIFO waits for a writer: such a load fails the test instead of hanging it."""
-    def boom(*_):
-        raise AssertionError(f"blocked for {seconds} s")
-
-    old = signal.signal(signal.SIGALRM, boom)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, old)
-
 
 @pytest.mark.parametrize("name", ["m.safetensors", "m.onnx", "m.pt", "m.ckpt", "m.npz", "m.bin", "m.weights"])
 @pytest.mark.parametrize("kind", ["fifo", "device"])
 def test_a_fifo_or_device_model_file_is_one_error_at_once(tmp_path, name, kind):
     p = tmp_path / name
     os.mkfifo(p) if kind == "fifo" else p.symlink_to("/dev/zero")
-    with _deadline(5), pytest.raises(MnistflowError) as e:
+    with deadline(5), pytest.raises(MnistflowError) as e:
         load_any(p, "softmax", data=tmp_path)
     assert str(e.value) == (f"{p}: not a regular file ({'a FIFO' if kind == 'fifo' else 'a device'}); "
                             "refusing to read it")
@@ -300,7 +285,7 @@ def test_a_fifo_or_device_model_file_is_one_error_at_once(tmp_path, name, kind):
 
 def test_a_run_directorys_fifo_model_file_is_refused_not_skipped(tmp_path):
     os.mkfifo(tmp_path / "model.safetensors")
-    with _deadline(5), pytest.raises(MnistflowError, match=r"model.safetensors: not a regular file \(a FIFO\)"):
+    with deadline(5), pytest.raises(MnistflowError, match=r"model.safetensors: not a regular file \(a FIFO\)"):
         load_any(tmp_path)
 
 

@@ -9,7 +9,6 @@ import gzip
 import io
 import os
 import pickle
-import signal
 import struct
 import tarfile
 import tracemalloc
@@ -20,6 +19,7 @@ import numpy as np
 import pytest
 from helpers.images import bomb_png
 
+from helpers.blocking import deadline
 from mnistflow.core.errors import MnistflowError
 from mnistflow.data.formats import cifar, csv, idx, npz, tfrecord
 from mnistflow.data.formats.folder import decode_image, read_image_folder
@@ -41,21 +41,6 @@ def peak_memory(limit: int):
         _, peak = tracemalloc.get_traced_memory()
         tracemalloc.stop()
     assert peak < limit, f"peak {peak / MiB:.1f} MiB >= {limit / MiB:.1f} MiB"
-
-
-@contextlib.contextmanager
-def deadline(seconds: int = 5):
-    """A read that blocks (a FIFO) fails the test instead of hanging it."""
-    def boom(*_):
-        raise AssertionError(f"blocked for {seconds} s")
-
-    old = signal.signal(signal.SIGALRM, boom)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, old)
 
 
 def idx_bytes(shape, data: bytes, code: int = 0x08) -> bytes:

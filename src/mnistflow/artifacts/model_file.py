@@ -9,7 +9,7 @@ names, the original label value of each output (``label_values``: labels 1..26 a
 0..25) and the normalization of its training data, so eval / predict / serve need nothing else.
 A file written before ``label_values`` existed reads as outputs 0..K-1 = labels 0..K-1.
 A user's own model (not registered by name) also records ``factory`` ("pkg.module:qualname")
-and ``factory_kwargs``: loading imports that module with ``importlib`` (never a file inside the
+and ``factory_kwargs``: loading imports that module (``artifacts.factory``; never a file inside the
 run directory or next to the model file) and calls the factory. Nothing stored in the file is
 ever executed.
 
@@ -19,8 +19,6 @@ through :func:`load_weights`: missing or unexpected names and shape mismatches a
 """
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import json
 import math
 import os
@@ -31,6 +29,7 @@ from typing import TYPE_CHECKING, Iterable, Mapping, Sequence
 import torch
 import torch.nn as nn
 
+from mnistflow.artifacts.factory import import_factory
 from mnistflow.artifacts.rundir import MODEL, RunDir
 from mnistflow.core.errors import MnistflowError
 from mnistflow.core.fsutil import atomic_write_bytes, open_regular
@@ -212,66 +211,6 @@ def load_weights(model: nn.Module, weights: Mapping[str, torch.Tensor],
 
 # --- rebuilding a model from its description -----------------------------------------------
 
-def _is_within(path: Path, folder: Path) -> bool:
-    try:
-        path.resolve().relative_to(folder.resolve())
-        return True
-    except (ValueError, OSError):
-        return False
-
-
-def _forbidden_dirs(source: str | Path | None) -> list[Path]:
-    """Where a factory's code must not come from: the saved file's folder and its run."""
-    if source is None:
-        return []
-    p = Path(source)
-    folder = p if p.is_dir() else p.parent
-    run = RunDir.of_checkpoint(p)
-    return [folder] + ([run.path] if run is not None else [])
-
-
-def _import_factory(spec: str, source: str | Path | None):
-    """The callable named by ``pkg.module:qualname``, imported with importlib; refused when its
-    code would come from the run directory or the saved model's folder."""
-    mod_name, sep, qualname = spec.partition(":")
-    if not sep or not mod_name or not qualname or any(not part.isidentifier()
-                                                      for part in mod_name.split(".") + qualname.split(".")):
-        raise MnistflowError(f"model factory '{spec}' is not of the form 'package.module:name'", source)
-    forbidden = _forbidden_dirs(source)
-
-    def check(origin: str | None, locations: Iterable[str] = ()) -> None:
-        for where in [origin, *locations]:
-            if where and any(_is_within(Path(where), d) for d in forbidden):
-                raise MnistflowError(f"refused: the model factory '{spec}' would be imported from "
-                                     f"{where}, inside the run directory or next to the model file "
-                                     "(saved files never run code; install the module or put it "
-                                     "on PYTHONPATH elsewhere)", source)
-
-    top = mod_name.split(".")[0]
-    try:
-        found = importlib.util.find_spec(top)  # locating a top-level module executes nothing
-    except (ImportError, ValueError):
-        found = None
-    if found is None:
-        raise MnistflowError(f"cannot rebuild the model: its module '{mod_name}' is not importable "
-                             f"(factory '{spec}'; install it or add it to PYTHONPATH)", source)
-    check(found.origin, found.submodule_search_locations or ())
-    try:
-        module = importlib.import_module(mod_name)
-    except ImportError as e:
-        raise MnistflowError(f"cannot import '{mod_name}' for the model factory '{spec}' ({e})",
-                             source) from None
-    check(getattr(module, "__file__", None))
-    obj = module
-    for part in qualname.split("."):
-        obj = getattr(obj, part, None)
-        if obj is None:
-            raise MnistflowError(f"'{mod_name}' has no '{qualname}' (model factory '{spec}')", source)
-    if not callable(obj):
-        raise MnistflowError(f"model factory '{spec}' is not callable", source)
-    return obj
-
-
 def check_planned(info: ModelInfo, shapes: Mapping[str, Sequence[int]],
                   source: str | Path | None = None) -> None:
     """Refuse weights of ``shapes`` (name -> shape, as a file declares them) that do not fit the
@@ -312,7 +251,7 @@ def build_model(info: ModelInfo, source: str | Path | None = None, *,
     from mnistflow.models.spec import looks_like_spec
 
     if info.factory and info.model not in list_models() and not looks_like_spec(info.model):
-        factory = _import_factory(info.factory, source)
+        factory = import_factory(info.factory, source)
         try:
             model = factory(**dict(info.factory_kwargs or {}))
         except Exception as e:  # user code: any failure is reported in one line

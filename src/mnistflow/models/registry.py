@@ -108,3 +108,9 @@ def parameter_count(name: str, shape: tuple[int, int, int], classes: int) -> int
                                  f"without building it ({type(e).__name__}); try a smaller --input",
                                  name) from None
     return sum(p.numel() for p in model.parameters())
+
+
+def check_trainable(model: nn.Module, name: str) -> None:
+    """A model with no parameters has nothing to train (and no device to read them from)."""
+    if next(model.parameters(), None) is None:
+        raise MnistflowError(f"model {name} has no parameters: there is nothing to train")

@@ -64,7 +64,7 @@ def train(model: str | nn.Module | Callable[..., nn.Module] | None = None,
         raise MnistflowError("model_kwargs are the arguments of a model class or factory; "
                              f"'{model}' is a registered name or spec")
     from mnistflow.training.loop import fit, resolve_config
-    from mnistflow.training.setup import check_trainable
+    from mnistflow.models.registry import check_trainable
 
     if named:
         if model is not None:

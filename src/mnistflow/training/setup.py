@@ -30,6 +30,7 @@ from mnistflow.data.normalize import normalize
 from mnistflow.data.records import Records, open_records
 from mnistflow.models import create_model
 from mnistflow.models.ensemble import nets
+from mnistflow.models.registry import check_trainable
 from mnistflow.runtime import dist
 from mnistflow.runtime.cpu import (
     busy_cores_elsewhere,
@@ -277,12 +278,6 @@ def _absolute_data(cfg: TrainConfig) -> str | None:
     if data is None or not Path(data).exists():
         return data
     return os.path.abspath(data)
-
-
-def check_trainable(model: torch.nn.Module, name: str) -> None:
-    """A model with no parameters has nothing to train (and no device to read them from)."""
-    if next(model.parameters(), None) is None:
-        raise MnistflowError(f"model {name} has no parameters: there is nothing to train")
 
 
 def check_input(model: torch.nn.Module, in_shape: tuple[int, int, int], num_classes: int,
