@@ -61,6 +61,51 @@ def test_a_lock_file_left_by_a_killed_training_does_not_block(tmp_path):
     assert run.is_dir()  # not created by the lock: left in place
 
 
+@pytest.mark.parametrize("content", ["my notes\n", "1234 and more", "x" * 100])
+def test_a_users_own_lock_file_is_refused_and_left_as_it_was(tmp_path, content):
+    """A file named .lock that no training wrote (not empty, not a pid) is neither truncated nor
+    removed: the run is refused with one error."""
+    run = tmp_path / "r"
+    run.mkdir()
+    (run / LOCK).write_text(content)
+    with pytest.raises(MnistflowError, match=r"\.lock here is not a run lock .*: move it away") as e:
+        RunLock(run).acquire()
+    assert e.value.path == str(run)
+    assert (run / LOCK).read_text() == content
+
+
+def test_a_lock_that_is_a_link_is_refused_and_its_target_untouched(tmp_path):
+    run, target = tmp_path / "r", tmp_path / "precious.txt"
+    run.mkdir()
+    target.write_text("keep me")
+    (run / LOCK).symlink_to(target)
+    with pytest.raises(MnistflowError, match=r"\.lock here is a symbolic link, not a run lock"):
+        RunLock(run).acquire()
+    assert target.read_text() == "keep me" and (run / LOCK).is_symlink()
+    (run / LOCK).unlink()
+    (run / LOCK).symlink_to(tmp_path / "missing")  # a dangling one: nothing is created through it
+    with pytest.raises(MnistflowError, match="symbolic link"):
+        RunLock(run).acquire()
+    assert not (tmp_path / "missing").exists()
+
+
+def test_training_into_a_record_set_is_refused_and_changes_nothing(synthetic_records, tmp_path):
+    """The records stay a record set: a run's files never go among them."""
+    import shutil
+
+    recs = tmp_path / "recs"
+    shutil.copytree(synthetic_records, recs)
+    (recs / "notes.txt").write_text("mine")  # records among other files are records still
+    before = {p.name: p.read_bytes() for p in recs.iterdir()}
+    with pytest.raises(MnistflowError, match=r"holds prepared records \(meta.json and its data\): a run's "
+                                             r"files do not go among them; pick another --run-dir"):
+        train(data=recs, run_dir=recs, max_steps=1, **QUICK)
+    assert {p.name: p.read_bytes() for p in recs.iterdir()} == before
+    for f in recs.glob("*.npy"):  # a meta.json alone (a user's own) is no record set
+        f.unlink()
+    assert train(data=synthetic_records, run_dir=recs, max_steps=1, **QUICK)["steps"] == 1
+
+
 def test_a_path_that_cannot_be_a_run_directory_is_one_error(tmp_path):
     (tmp_path / "file").write_text("x")
     with pytest.raises(MnistflowError, match="cannot use as a run directory") as e:

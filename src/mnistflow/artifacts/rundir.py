@@ -15,12 +15,15 @@ This module is the one place that names these files; everything else asks it.
 """
 from __future__ import annotations
 
+import errno
 import os
 import shutil
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
 from mnistflow.core.errors import MnistflowError
+from mnistflow.data.records import holds_records
 
 try:
     import fcntl
@@ -84,6 +87,17 @@ class RunDir:
                 found.append(name)
         return found
 
+    def refuse_new_run(self) -> None:
+        """A training that is not a resume never writes over another run's files, nor among
+        the files of a record set."""
+        found = self.run_files()
+        if found:
+            raise MnistflowError(f"this run directory holds a run already ({', '.join(found)}): continue it "
+                                 "with --resume, or pick another --run-dir", self.path)
+        if holds_records(self.path):
+            raise MnistflowError("this directory holds prepared records (meta.json and its data): a run's "
+                                 "files do not go among them; pick another --run-dir", self.path)
+
     def has_steps(self) -> bool:
         """Whether a training recorded any of its steps here: a metrics line, a checkpoint, a
         profile, the model or the summary (config.toml and TensorBoard's empty event file are
@@ -103,6 +117,16 @@ class RunDir:
             return True
         except NotADirectoryError:
             return False
+
+
+def _a_lock_file(fd: int) -> bool:
+    """Whether the open ``RUN/.lock`` is one a training wrote: a regular file holding nothing or
+    a pid (a user's own file of that name is not truncated and removed)."""
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_size > 32:
+        return False
+    text = os.pread(fd, 32, 0).strip()
+    return not text or text.isdigit()
 
 
 class RunBusy(MnistflowError):
@@ -139,7 +163,8 @@ class RunLock:
             self._created = missing  # deepest first
             self._before = {e.name for e in os.scandir(p)} - {LOCK}
             while self._fd is None:
-                fd = os.open(self.dir.lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+                # O_NOFOLLOW: a link named .lock is refused (ELOOP, below), never truncated through
+                fd = os.open(self.dir.lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o666)
                 if fcntl is None:
                     self._fd = fd
                     break
@@ -154,6 +179,10 @@ class RunLock:
                     same = os.stat(self.dir.lock).st_ino == os.fstat(fd).st_ino
                 except FileNotFoundError:
                     same = False
+                if same and not _a_lock_file(fd):
+                    os.close(fd)
+                    raise MnistflowError(f"{LOCK} here is not a run lock (it holds other data, or is not a "
+                                         "regular file); mnistflow would replace it: move it away", p)
                 if same:
                     self._fd = fd
                 else:
@@ -164,6 +193,9 @@ class RunLock:
             raise
         except OSError as e:
             self.release()
+            if e.errno == errno.ELOOP:
+                raise MnistflowError(f"{LOCK} here is a symbolic link, not a run lock; mnistflow would "
+                                     "replace it: move it away", p) from None
             raise MnistflowError(f"cannot use as a run directory: {e.strerror}", p) from None
         return self
 

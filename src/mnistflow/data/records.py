@@ -240,6 +240,16 @@ def is_record_set(path: Path) -> bool:
     return "meta.json" in names and all(_RECORD_FILE.match(n) for n in names)
 
 
+def holds_records(path: Path) -> bool:
+    """A directory with a record set's ``meta.json`` and data files in it (among other files or
+    not): no place for a run's files, which would mix with the records."""
+    try:
+        names = {p.name for p in Path(path).iterdir()}
+    except OSError:
+        return False
+    return "meta.json" in names and any(_RECORD_FILE.match(n) for n in names - {"meta.json"})
+
+
 def check_replaceable(out: Path, name: str | None, force: bool) -> None:
     """Refuse to write records at ``out`` where that would lose something: a file or a folder
     of other files (never replaced, even with ``force``), or, unless ``force``, the record

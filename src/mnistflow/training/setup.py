@@ -145,14 +145,6 @@ def _own(held: contextlib.ExitStack, run_dir: Path, new_run: bool) -> None:
     held.enter_context(RunLock(run_dir, new_run=new_run))
 
 
-def _refuse_a_run(run_dir: Path) -> None:
-    """A training that is not a resume never writes over another run's files."""
-    found = RunDir(run_dir).run_files()
-    if found:
-        raise MnistflowError(f"this run directory holds a run already ({', '.join(found)}): continue it "
-                             "with --resume, or pick another --run-dir", run_dir)
-
-
 def _new_default_run(cfg: TrainConfig, held: contextlib.ExitStack) -> Path:
     """``runs/<name>-<time>``, or ``-2``, ``-3``... when another training took that name."""
     base = default_run_dir(cfg)
@@ -191,7 +183,7 @@ def decide_run(cfg: TrainConfig, info: dist.DistInfo, held: contextlib.ExitStack
                 if resume_path is not None:
                     of = RunDir.of_checkpoint(resume_path)
                     if of is None or of.path.resolve() != Path(run_dir).resolve():
-                        _refuse_a_run(run_dir)  # another run's checkpoint starts a run of its own here
+                        RunDir(run_dir).refuse_new_run()  # another run's checkpoint starts a run of its own here
                     else:
                         resumemod.check_same_run(resume_path, run_dir)  # not one copied in from another
                 else:
@@ -201,7 +193,7 @@ def decide_run(cfg: TrainConfig, info: dist.DistInfo, held: contextlib.ExitStack
             elif cfg.run_dir:
                 resume_path, run_dir = None, Path(cfg.run_dir)
                 _own(held, run_dir, new_run=True)
-                _refuse_a_run(run_dir)
+                RunDir(run_dir).refuse_new_run()
             else:
                 resume_path, run_dir = None, _new_default_run(cfg, held)
             decision = ("ok", None if resume_path is None else str(resume_path), str(run_dir))
