@@ -3,9 +3,13 @@ steps of a real run, a Chrome trace, TensorBoard profiler files, the op tables b
 memory, and a breakdown of the step (from the named ranges of ``training.engine.profiled``)."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 import socket
+import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -32,6 +36,43 @@ def parse_steps(text: str) -> tuple[int, int]:
         raise MnistflowError(f"--profile-steps must be A:B with 0 <= A < B, got '{text}'") from None
 
 
+# What the profiler's C++ side (kineto, c10) writes straight to file descriptor 2 on every start
+# and stop: stage markers and a note on memory allocated before the window. Not for a user.
+_NATIVE_NOISE = re.compile(r"^(?:USDT:|STAGE:|\[W\d+ [^\]]*\] Memory block of unknown size was allocated "
+                           r"before the profiling started)")
+
+
+class _NativeNoise:
+    """Holds back ``_NATIVE_NOISE`` around the profiler's calls: file descriptor 2 goes to a
+    temporary file while one runs; what else was written there is passed on to stderr."""
+
+    def __init__(self) -> None:
+        self.tmp = tempfile.TemporaryFile()
+
+    @contextlib.contextmanager
+    def filtered(self):
+        sys.stderr.flush()
+        saved = os.dup(2)
+        os.dup2(self.tmp.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            self.tmp.seek(0)
+            text = self.tmp.read().decode(errors="replace")
+            self.tmp.seek(0)
+            self.tmp.truncate()
+            rest = [line for line in text.splitlines(keepends=True) if not _NATIVE_NOISE.match(line)]
+            if rest:
+                sys.stderr.write("".join(rest))
+                sys.stderr.flush()
+
+    def close(self) -> None:
+        self.tmp.close()
+
+
 class ProfilerHook:
     """Profiles optimizer steps [A, B): waits A-1 steps, warms up 1, records B-A."""
 
@@ -46,7 +87,9 @@ class ProfilerHook:
                             on_trace_ready=self._ready, profile_memory=True, record_shapes=True)
         self.done = False
         self.report = ""
-        self.prof.__enter__()
+        self.noise = _NativeNoise()
+        with self.noise.filtered():
+            self.prof.__enter__()
 
     def _ready(self, prof) -> None:
         trace = self.out / "trace.json"
@@ -59,16 +102,19 @@ class ProfilerHook:
     def step(self, step: int) -> None:
         """After every optimizer step (the loop calls it: the profiler's schedule counts steps)."""
         if not self.done:
-            self.prof.step()
+            with self.noise.filtered():
+                self.prof.step()
             if step >= self.stop:
                 self.close()
 
     def close(self) -> None:
         if not self.done or self.prof.profiler is not None:
             try:
-                self.prof.__exit__(None, None, None)
+                with self.noise.filtered():
+                    self.prof.__exit__(None, None, None)
             except Exception:
                 pass
+        self.noise.close()
 
 
 def tensorboard_copy(trace: Path, tb_dir: Path) -> Path:
