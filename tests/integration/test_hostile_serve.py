@@ -309,6 +309,29 @@ def test_d5_a_body_that_does_not_arrive_is_a_408():
         assert healthy(port)
 
 
+@pytest.mark.parametrize("request_bytes", [
+    b"POST /api/predict HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: -1\r\n\r\n",
+    b"GET /healthz HTTP/1.1\r\nHost: 127.0.0\x00.1\r\n\r\n",
+    b"NOT HTTP AT ALL\r\n\r\n",
+], ids=["negative-length", "nul-in-host", "garbage"])
+def test_malformed_http_framing_is_a_json_400_and_the_server_keeps_serving(request_bytes):
+    """uvicorn answers what it cannot parse itself; the guarded protocol makes it a JSON error."""
+    with serving() as port:
+        s = socket.create_connection(("127.0.0.1", port))
+        s.sendall(request_bytes)
+        s.settimeout(5)
+        data = b""
+        with contextlib.suppress(ConnectionResetError):
+            while chunk := s.recv(65536):
+                data += chunk
+        head, _, body = data.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 400"), data[:300]
+        assert b"content-type: application/json" in head.lower()
+        err = json.loads(body)
+        assert err["status"] == 400 and err["error"].startswith("malformed HTTP request: ")
+        assert healthy(port)
+
+
 def test_a_client_leaving_mid_body_logs_no_traceback():
     records = []
 

@@ -25,6 +25,7 @@ request headers in time.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import threading
 from dataclasses import asdict, dataclass, field
@@ -246,6 +247,19 @@ def guarded(base: type) -> type:
                 self._mf_timer.cancel()
                 self._mf_timer = None
             super().connection_lost(exc)
+
+        def send_400_response(self, msg: str) -> None:
+            """A request uvicorn cannot parse (bad framing: a negative Content-Length, a NUL in a
+            header) gets a JSON error like every other refusal, not uvicorn's plain text; the
+            connection closes (its framing cannot be trusted), the server keeps serving."""
+            body = json.dumps({"error": f"malformed HTTP request: {msg}", "status": 400}).encode()
+            state = getattr(self, "server_state", None)  # httptools adds the server's default headers
+            head = [b"HTTP/1.1 400 Bad Request\r\n",
+                    *(n + b": " + v + b"\r\n" for n, v in getattr(state, "default_headers", ())),
+                    b"content-type: application/json\r\n",
+                    b"content-length: " + str(len(body)).encode() + b"\r\n", b"connection: close\r\n\r\n"]
+            self.transport.write(b"".join(head) + body)
+            self.transport.close()
 
         def _mf_waiting(self) -> bool:  # no request in progress: headers are (to be) awaited
             cycle = getattr(self, "cycle", None)
