@@ -45,6 +45,7 @@ import torch
 
 from mnistflow.artifacts.model_file import MAX_MODEL_BYTES, load_weights, unwrap
 from mnistflow.artifacts.rundir import CHECKPOINTS
+from mnistflow.core.env import env_seconds
 from mnistflow.core.errors import MnistflowError, display
 from mnistflow.core.fsutil import NotReadable, atomic_write, atomic_write_text, fsync_dir, open_regular, \
     read_regular
@@ -134,17 +135,7 @@ def slow_save_seconds() -> float:
     """``MNISTFLOW_TEST_SLOW_SAVE`` (a test hook: seconds to sleep inside a checkpoint's write
     window), checked: a finite number >= 0, else one ``MnistflowError``. Unset or empty: 0.
     Cheap: a configuration check may call it before a run starts."""
-    raw = os.environ.get(SLOW_SAVE_ENV, "").strip()
-    if not raw:
-        return 0.0
-    try:
-        value = float(raw)
-    except ValueError:
-        value = float("nan")
-    if not (value >= 0 and value != float("inf")):
-        raise MnistflowError(f"{SLOW_SAVE_ENV} must be a finite number of seconds >= 0, got "
-                             f"{raw[:40]!r}")
-    return value
+    return env_seconds(SLOW_SAVE_ENV)
 
 
 def write(path: str | Path, payload: dict, meta: dict | None = None) -> Path:

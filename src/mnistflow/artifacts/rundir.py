@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mnistflow.core.errors import MnistflowError
-from mnistflow.data.records import holds_records
+from mnistflow.data.records import is_record_set
 
 try:
     import fcntl
@@ -94,7 +94,7 @@ class RunDir:
         if found:
             raise MnistflowError(f"this run directory holds a run already ({', '.join(found)}): continue it "
                                  "with --resume, or pick another --run-dir", self.path)
-        if holds_records(self.path):
+        if is_record_set(self.path, among_others=True):
             raise MnistflowError("this directory holds prepared records (meta.json and its data): a run's "
                                  "files do not go among them; pick another --run-dir", self.path)
 

@@ -230,24 +230,16 @@ def write_records(raw: RawDataset, out: Path, *, key: str, options: dict,
 _RECORD_FILE = re.compile(r"^(?:meta\.json|(?:train|val|test)_[xy]\.npy|train_x\.aug\d+\.npy)$")
 
 
-def is_record_set(path: Path) -> bool:
+def is_record_set(path: Path, *, among_others: bool = False) -> bool:
     """A directory holding a ``meta.json`` and nothing but record files: what ``prep``
-    wrote, even if damaged, and so what it may replace (never a folder of anything else)."""
-    try:
-        names = [p.name for p in Path(path).iterdir()]
-    except OSError:
-        return False
-    return "meta.json" in names and all(_RECORD_FILE.match(n) for n in names)
-
-
-def holds_records(path: Path) -> bool:
-    """A directory with a record set's ``meta.json`` and data files in it (among other files or
-    not): no place for a run's files, which would mix with the records."""
+    wrote, even if damaged, and so what it may replace (never a folder of anything else).
+    ``among_others``: with record data beside other files too (no place for a run's files)."""
     try:
         names = {p.name for p in Path(path).iterdir()}
     except OSError:
         return False
-    return "meta.json" in names and any(_RECORD_FILE.match(n) for n in names - {"meta.json"})
+    records = {n for n in names if _RECORD_FILE.match(n)}
+    return "meta.json" in names and (len(records) > 1 if among_others else records == names)
 
 
 def check_replaceable(out: Path, name: str | None, force: bool) -> None:

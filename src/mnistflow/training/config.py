@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
 from mnistflow.artifacts import rundir
 from mnistflow.core import compat
+from mnistflow.core.env import env_seconds
 from mnistflow.core.errors import MnistflowError
 
 #: The sections of ``mnistflow train --help``, in order: name -> what they hold.
@@ -416,17 +416,7 @@ def data_delay() -> float:
     """``$MNISTFLOW_INJECT_DATA_DELAY``: seconds the training reader sleeps per batch, a test hook
     that makes a run slow enough to interrupt (0 when unset); anything but a finite number >= 0
     is an error."""
-    raw = os.environ.get(DATA_DELAY_ENV, "").strip()
-    if not raw:
-        return 0.0
-    try:
-        value = float(raw)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value >= 0):
-        raise MnistflowError(f"{DATA_DELAY_ENV} must be a finite number of seconds >= 0 (or unset), "
-                             f"got {raw[:40]!r}")
-    return value
+    return env_seconds(DATA_DELAY_ENV, say_unset=True)
 
 
 def to_dict(cfg: TrainConfig) -> dict:
