@@ -332,6 +332,22 @@ def test_malformed_http_framing_is_a_json_400_and_the_server_keeps_serving(reque
         assert healthy(port)
 
 
+@pytest.mark.parametrize("path", ["/", "/static/app.js"])
+@pytest.mark.parametrize("rng", ["bytes=5-2", "bytes=999999-", "items=0-1", "bytes=0-3"])
+def test_a_range_header_is_ignored_the_whole_file_is_served(path, rng):
+    """Starlette answers a bad Range in plain text (400, or an empty 416); the server drops the
+    header, so every GET of the page's files is the whole file."""
+    with serving() as port:
+        c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        c.request("GET", path)
+        r = c.getresponse()
+        whole = r.read()
+        c.request("GET", path, headers={"Range": rng})
+        r = c.getresponse()
+        assert (r.status, r.read()) == (200, whole) and r.getheader("content-range") is None
+        assert healthy(port)
+
+
 def test_a_client_leaving_mid_body_logs_no_traceback():
     records = []
 

@@ -137,7 +137,7 @@ async def read_body(request: Request, limit: int = MAX_BODY) -> bytes:
 
 
 def create_app(model: str | Path | Predictor, *, threads: int = 1, limits: Limits | None = None,
-               allowed_hosts: tuple[str, ...] | None = None) -> Starlette | HostCheck:
+               allowed_hosts: tuple[str, ...] | None = None) -> Front:
     """The Starlette app for a run directory, model file, ONNX export or a ready ``Predictor``.
 
     ``limits``: the server's bounds (``guard.Limits``; its defaults otherwise).
@@ -214,32 +214,37 @@ def create_app(model: str | Path | Predictor, *, threads: int = 1, limits: Limit
     app = Starlette(routes=routes, exception_handlers={HTTPException: http_error, Exception: server_error})
     app.state.predictor = pred
     app.state.limits = limits
-    return HostCheck(app, hosts) if hosts is not None else app
+    return Front(app, hosts)
 
 
-class HostCheck:
-    """ASGI wrapper: a request whose ``Host`` is not one of ``hosts`` gets a JSON 403."""
+class Front:
+    """ASGI wrapper in front of the app: a request whose ``Host`` is not one of ``hosts`` (when
+    given) gets a JSON 403, and a ``Range`` header is dropped. RFC 9110 lets a server ignore
+    ranges; the page's files are small, and Starlette would answer a bad range in plain text,
+    not with the JSON error every other refusal gets."""
 
-    def __init__(self, app, hosts: frozenset[str]):
+    def __init__(self, app, hosts: frozenset[str] | None):
         self.app, self.hosts, self.state = app, hosts, app.state
 
     async def __call__(self, scope, receive, send):
         if scope["type"] == "http":
-            headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]
-                       if k == b"host"}
-            try:
-                check_host(headers, self.hosts)
-            except BadInput as e:
-                body = json.dumps({"error": e.message, "status": e.status}).encode()
-                await send({"type": "http.response.start", "status": e.status,
-                            "headers": [(b"content-type", b"application/json"),
-                                        (b"content-length", str(len(body)).encode())]})
-                await send({"type": "http.response.body", "body": body})
-                return
+            scope = {**scope, "headers": [(k, v) for k, v in scope["headers"] if k not in (b"range", b"if-range")]}
+            if self.hosts is not None:
+                headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]
+                           if k == b"host"}
+                try:
+                    check_host(headers, self.hosts)
+                except BadInput as e:
+                    body = json.dumps({"error": e.message, "status": e.status}).encode()
+                    await send({"type": "http.response.start", "status": e.status,
+                                "headers": [(b"content-type", b"application/json"),
+                                            (b"content-length", str(len(body)).encode())]})
+                    await send({"type": "http.response.body", "body": body})
+                    return
         await self.app(scope, receive, send)
 
 
-def app_from_env() -> Starlette | HostCheck:
+def app_from_env() -> Front:
     """The app for ``--workers N`` (each worker process loads the model itself)."""
     _quiet_bomb_warnings()
     hosts = os.environ.get("MNISTFLOW_SERVE_HOSTS")
