@@ -95,11 +95,31 @@ def test_csv_logger_rows_header_and_widening(tmp_path):
 
 def test_csv_logger_starts_afresh(tmp_path):
     path = tmp_path / "log.csv"
-    path.write_text("old,content\n1,2\n")
+    path.write_text("kind,step,acc\ntrain,5,0.5\n")  # a previous run's log
     cb = CSVLogger(path)
     cb.on_train_start({})
     cb.on_step_end(1, {"loss": 1.0})
     assert read_csv_log(path) == [{"kind": "train", "step": 1, "loss": 1.0}]
+
+
+def test_csv_logger_never_replaces_a_users_file(synthetic_records, tmp_path):
+    """Another file at the path (not a CSV log) is refused, left as it was, and the new run
+    leaves no directory behind."""
+    notes = tmp_path / "notes.txt"
+    notes.write_text("my notes, not a CSV\n")
+    with pytest.raises(MnistflowError, match=r"CSVLogger would replace this file, which is not a CSV log") as e:
+        CSVLogger(notes).on_train_start({})
+    assert e.value.path == str(notes) and notes.read_text() == "my notes, not a CSV\n"
+    run = tmp_path / "run"
+    with pytest.raises(MnistflowError, match="not a CSV log"):
+        mnistflow.train(data=synthetic_records, model="softmax", max_steps=1, threads=1, quiet=True,
+                        tensorboard=False, run_dir=run, callbacks=[CSVLogger(notes)])
+    assert notes.read_text() == "my notes, not a CSV\n" and not run.exists()
+    (tmp_path / "folder").mkdir()
+    with pytest.raises(MnistflowError, match="CSVLogger: not a regular file"):
+        CSVLogger(tmp_path / "folder").on_train_start({})
+    (tmp_path / "empty.csv").write_text("")  # nothing to lose
+    CSVLogger(tmp_path / "empty.csv").on_train_start({})
 
 
 def test_csv_logger_keeps_full_float_precision(tmp_path):

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 from mnistflow.core.errors import MnistflowError, os_error
-from mnistflow.core.fsutil import atomic_write_text
+from mnistflow.core.fsutil import atomic_write_text, open_regular
 from mnistflow.core.log import note, warn
 from mnistflow.training.hooks import HOOKS, StopTraining
 
@@ -131,7 +131,8 @@ class CSVLogger:
     The header is the union of the names seen so far, in order of appearance: a row is
     appended and flushed as one line; when a row brings a new name the whole file is rewritten
     atomically with the wider header. So the file is always complete, with one header.
-    Rows of a previous file at ``path`` are replaced when training starts.
+    A previous log at ``path`` (a file that starts with the ``kind,step`` header) is replaced
+    when training starts; any other file there is the user's, and training does not start.
     """
 
     FIRST = ("kind", "step")
@@ -143,9 +144,24 @@ class CSVLogger:
         self._f = None
 
     def on_train_start(self, logs: dict) -> None:
+        self._check_replaceable()
         self.columns, self.rows = list(self.FIRST), []
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._rewrite()
+
+    def _check_replaceable(self) -> None:
+        """Only a CSV log (or an empty file) at ``path`` may be replaced, never a user's file."""
+        if not os.path.lexists(self.path):
+            return
+        header = ",".join(self.FIRST).encode()
+        try:
+            with open_regular(self.path, what="CSV log") as f:
+                head = f.read(len(header))
+        except MnistflowError as e:
+            raise MnistflowError(f"CSVLogger: {e.detail}", self.path) from None
+        if head not in (b"", header):
+            raise MnistflowError("CSVLogger would replace this file, which is not a CSV log (its first "
+                                 "line is not 'kind,step,...'): pick another path, or remove it", self.path)
 
     def on_step_end(self, step: int, logs: dict) -> None:
         self._add("train", step, logs)
