@@ -21,3 +21,22 @@ def test_native_stage_markers_are_held_back_and_the_rest_passed_on(capfd):
     assert sorted(err.splitlines()) == ["a real warning", "from python"]  # (pytest keeps sys.stderr apart)
     os.write(2, b"after\n")  # file descriptor 2 is stderr again
     assert capfd.readouterr().err == "after\n"
+
+
+def test_profiling_from_step_0_is_the_runs_own_warning_not_torchs(tmp_path):
+    import warnings
+
+    import torch
+
+    from mnistflow.core import log
+    from mnistflow.training.observe.profiler import ProfilerHook
+
+    with log.recording() as got, warnings.catch_warnings():
+        warnings.simplefilter("error")  # torch's raw UserWarning would raise here
+        hook = ProfilerHook(tmp_path, 0, 2, torch.device("cpu"))
+        hook.close()
+    assert got == ["--profile-steps from step 0: no warm-up step before the profile, so the first "
+                   "step's one-off setup is in its times"]
+    with log.recording() as got:
+        ProfilerHook(tmp_path / "b", 1, 2, torch.device("cpu")).close()
+    assert got == []

@@ -11,12 +11,14 @@ import socket
 import sys
 import tempfile
 import time
+import warnings
 from pathlib import Path
 
 import torch
 from torch.profiler import ProfilerActivity, profile, schedule
 
 from mnistflow.core.fsutil import atomic_write_bytes, atomic_write_text
+from mnistflow.core.log import warn
 
 PHASES = ("data", "forward", "backward", "optimizer", "sync", "logging", "step_hooks")
 PHASE_LABELS = {"data": "data (next batch)", "forward": "forward", "backward": "backward",
@@ -82,9 +84,14 @@ class ProfilerHook:
         self.start, self.stop = start, stop
         acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
         warm = 1 if start >= 1 else 0
-        self.prof = profile(activities=acts, schedule=schedule(wait=max(start - warm, 0), warmup=warm,
-                                                               active=stop - start, repeat=1),
-                            on_trace_ready=self._ready, profile_memory=True, record_shapes=True)
+        if not warm:  # (torch says so as a raw UserWarning; this is the run's own warning instead)
+            warn("--profile-steps from step 0: no warm-up step before the profile, so the first "
+                 "step's one-off setup is in its times")
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", "Profiler won't be using warmup")
+            self.prof = profile(activities=acts, schedule=schedule(wait=max(start - warm, 0), warmup=warm,
+                                                                   active=stop - start, repeat=1),
+                                on_trace_ready=self._ready, profile_memory=True, record_shapes=True)
         self.done = False
         self.report = ""
         self.noise = _NativeNoise()
