@@ -130,6 +130,8 @@ def _real(p: Path) -> str:
 
 def _check_out_name(raw: str, fmt: str) -> None:
     """``--out`` as typed: a file name, with this format's suffix if with any known one."""
+    if not raw.strip():
+        raise MnistflowError(f"--out is empty: name the file to write (e.g. model{EXT[fmt]})")
     if raw.endswith(("/", os.sep)) or os.path.basename(raw) in ("", ".", ".."):
         raise MnistflowError(f"ends with '{os.path.basename(raw) or '/'}', a folder; --out names the file "
                              f"to write (e.g. {os.path.join(raw, 'model' + EXT[fmt])})", raw)

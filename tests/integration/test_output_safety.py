@@ -82,6 +82,9 @@ def test_export_out_that_is_no_file_name(run, tmp_path, monkeypatch):
                           "newdir/: ends with '/'", "newdir/model.npz")
     assert_one_line_error(run_cli("export", str(run), "--format", "npz", "--out", "newdir/."),
                           "newdir/.: ends with '.'")
+    for empty in ("", " "):
+        assert_one_line_error(run_cli("export", str(run), "--format", "npz", "--out", empty),
+                              "mnistflow: error: --out is empty: name the file to write (e.g. model.npz)")
     assert not os.path.lexists("newdir")
     with pytest.raises(MnistflowError, match=r"x\.onnx: the name of an onnx file, not npz: name it \*\.npz"):
         export(run, "npz", "x.onnx")
@@ -223,8 +226,7 @@ def test_a_fifo_is_refused_not_read(copy, name):
 
 
 def test_run_files_are_read_with_a_cap(copy):
-    from mnistflow.artifacts.runlog import MAX_METRICS_BYTES
-    from mnistflow.reporting.run import MAX_SMALL_BYTES
+    from mnistflow.artifacts.runlog import MAX_METRICS_BYTES, MAX_SMALL_BYTES
 
     shutil.copy(copy / "metrics.jsonl", copy / "m.bak")
     with open(copy / "metrics.jsonl", "r+b") as f:  # sparse: no disk, no memory unless read
