@@ -188,3 +188,7 @@ def test_missing_onnx_packages_and_bad_requests_are_one_line(trained, tmp_path):
                           "--only selects parameters for npz/safetensors")
     assert_one_line_error(run_cli("export", str(trained), "--format", "npz", "--only", "nothing*",
                                   "--out", str(tmp_path / "n.npz")), "matches no name")
+    for blank in (",,,", "", " , "):  # a selection with no pattern in it is not "everything"
+        assert_one_line_error(run_cli("export", str(trained), "--format", "npz", "--only", blank,
+                                      "--out", str(tmp_path / "n.npz")), "holds no name pattern")
+    assert not (tmp_path / "n.npz").exists()

@@ -30,12 +30,18 @@ from mnistflow.core.fsutil import atomic_write_bytes, regular_file
 NPZ_META_KEY = "__mnistflow__"
 
 
-def globs(only: str | Iterable[str] | None) -> list[str]:
-    """``--only`` as a list of globs: a string (comma-separated) or a list of them."""
-    if not only:
+def globs(only: str | Iterable[str] | None, flag: str = "--only") -> list[str]:
+    """``--only`` as a list of globs: a string (comma-separated) or a list of them. None or an
+    empty list: no selection (everything); a selection given that holds no pattern (``''``,
+    ``',,'``) is an error, not everything."""
+    if only is None:
         return []
     items = [only] if isinstance(only, str) else list(only)
-    return [g.strip() for item in items for g in str(item).split(",") if g.strip()]
+    patterns = [g.strip() for item in items for g in str(item).split(",") if g.strip()]
+    if items and not patterns:
+        raise MnistflowError(f"{flag} {only!r} holds no name pattern: give comma-separated globs "
+                             "(e.g. 'conv*,fc1.*'), or leave it out for every parameter")
+    return patterns
 
 
 def selected(name: str, patterns: list[str]) -> bool:
@@ -166,7 +172,7 @@ class NpzReport:
 
 
 def load_npz_into(model: nn.Module, path: str | Path, only: str | Iterable[str] | None = None, *,
-                  arrays: dict[str, np.ndarray] | None = None) -> NpzReport:
+                  arrays: dict[str, np.ndarray] | None = None, flag: str = "--only") -> NpzReport:
     """Copy arrays into ``model``'s parameters/buffers by name (selected by ``only`` globs).
 
     A partial restore (``--init-from``): names missing from the file, names the model lacks
@@ -174,7 +180,7 @@ def load_npz_into(model: nn.Module, path: str | Path, only: str | Iterable[str] 
     """
     if arrays is None:
         arrays, _ = read_npz(path)
-    patterns = globs(only)
+    patterns = globs(only, flag)
     own = unwrap(model).state_dict()
     rep = NpzReport(str(path))
     rep.skipped = sorted(k for k in set(own) | set(arrays) if not selected(k, patterns))
