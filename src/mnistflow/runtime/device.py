@@ -72,8 +72,13 @@ def pick_device(name: str = "auto") -> torch.device:
     return dev
 
 
+PRECISIONS = ("auto", "fp32", "bf16", "fp16")
+
+
 def pick_precision(name: str, device: torch.device) -> str:
     """Resolve ``auto``: bf16 where the hardware runs it fast, else fp32."""
+    if name not in PRECISIONS:
+        raise MnistflowError(f"--precision {str(name)[:40]!r}: expected one of {', '.join(PRECISIONS)}")
     if name != "auto":
         if name == "fp16" and device.type == "cpu":
             raise MnistflowError("--precision fp16 needs a GPU; on a CPU use bf16 or fp32")
