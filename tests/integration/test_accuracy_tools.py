@@ -51,6 +51,7 @@ def test_train_on_train_plus_val_run(mnist_records, tmp_path):
     (["--train-on", "everything"], "--train-on must be one of train, train+val"),
     # (a model given: without one, --target-acc picks a recipe, tests/unit/test_target_recipe.py)
     (["--model", "seed-cnn", "--train-on", "train+val", "--target-acc", "0.9"], "--target-split test"),
+    (["--model", "softmax", "--no-validate", "--target-acc", "0.1"], "never evaluates: add --target-split test"),
     (["--tta", "3"], "--tta must be one of 0, 2, 4, 8"),
     (["--model", "mlp", "--whiten"], "--whiten needs a model with a convolution"),
 ])

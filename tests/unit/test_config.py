@@ -47,6 +47,7 @@ def test_get_recipe_is_a_copy_and_unknown_names_list_the_known():
     ({"target_split": "train"}, "--target-split"),
     ({"train_on": "train", "target_acc": 1.5}, "--target-acc"),
     ({"train_on": "train+val", "target_acc": 0.99}, "--target-split test"),
+    ({"validate": False, "target_acc": 0.99}, "never evaluates: add --target-split test"),
     ({"tta": 3}, "--tta"),
     ({"resident": "maybe"}, "--resident"),
     ({"keep_checkpoints": -1}, "--keep-checkpoints must be an integer >= 0, got -1"),
@@ -58,6 +59,12 @@ def test_get_recipe_is_a_copy_and_unknown_names_list_the_known():
 def test_impossible_settings_are_errors(settings, fragment):
     with pytest.raises(MnistflowError, match=fragment.replace("+", r"\+")):
         resolve(flags=settings)
+
+
+def test_a_target_without_validation_passes_is_judged_where_the_run_evaluates():
+    # on test (the final pass), or on val every --eval-every steps (which validate even with it off)
+    assert resolve(flags={"validate": False, "target_acc": 0.99, "target_split": "test"}).target_split == "test"
+    assert resolve(flags={"validate": False, "target_acc": 0.99, "eval_every": 5}).eval_every == 5
 
 
 def test_config_toml_round_trip_leaves_out_resume_and_nones(tmp_path):

@@ -51,6 +51,25 @@ def test_the_thread_caps_agree():
     assert configmod.MAX_THREADS == cpu.MAX_THREADS
 
 
+def test_the_float32_limits_agree():
+    import torch
+
+    from mnistflow.training import optim
+
+    assert configmod.MAX_FLOAT32 == optim.F32_MAX == torch.finfo(torch.float32).max
+
+
+def test_the_largest_accepted_values_compute_without_overflow():
+    from mnistflow.training.optim import float32_rate, lr_factor
+
+    check_value("step_gamma", configmod.MAX_FLOAT32)
+    check_value("epochs", configmod.MAX_EPOCHS)
+    # gamma ** 9 is past the largest double (Python raises OverflowError): no float32 rate holds it
+    assert lr_factor(9, 10, "step", steps_per_epoch=1, step_every=1, gamma=configmod.MAX_FLOAT32) == float("inf")
+    assert lr_factor(9, 10, "step", steps_per_epoch=1, gamma=0.5) == 0.5 ** 9  # unchanged below it
+    assert float32_rate(1e39) == float("inf") and float32_rate(configmod.MAX_FLOAT32) == configmod.MAX_FLOAT32
+
+
 def test_the_tta_choices_agree():
     from mnistflow.models.evaluate import TTA_SHIFTS, TTA_VIEWS
 
@@ -85,6 +104,12 @@ def test_the_tta_choices_agree():
     ({"memory_cap_mb": float("inf")}, "--memory-cap-mb must be a finite number, got inf"),
     ({"lr": float("nan")}, "--lr must be a finite number, got nan"),
     ({"lr": 0.0}, "--lr must be positive, got 0.0"),
+    # finite, but beyond what a run can use: rates and factors reach float32 tensors, epochs count steps
+    ({"lr": 1e39}, "--lr must be at most 3.40282e+38 (the largest float32), got 1e+39"),
+    ({"muon_lr": 1e39}, "--muon-lr must be at most 3.40282e+38 (the largest float32), got 1e+39"),
+    ({"step_gamma": 1e200}, "--step-gamma must be at most 3.40282e+38 (the largest float32), got 1e+200"),
+    ({"weight_decay": 1e300}, "--weight-decay must be at most 3.40282e+38 (the largest float32)"),
+    ({"epochs": 1e308}, "--epochs must be in (0, 1000000], got 1e+308"),
     ({"label_smoothing": 1.0}, "--label-smoothing must be in [0, 1), got 1.0"),
     ({"augment": "false"}, "--augment must be one of auto, off, glyphs, clothing, photos, shifts, got 'false'"),
     ({"precision": "fp8"}, "--precision must be one of auto, fp32, bf16, fp16, got 'fp8'"),

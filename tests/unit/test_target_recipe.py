@@ -78,6 +78,15 @@ def test_a_picked_recipe_with_a_validation_pass_judges_the_target_on_val(monkeyp
     assert "recipe seed-cnn, the cheapest measured" in caplog.text
 
 
+@pytest.mark.parametrize("given", [{"validate": False}, {"train_on": "train+val"}])
+def test_a_picked_recipe_the_flags_keep_from_validating_judges_the_target_on_test(monkeypatch, given):
+    # seed-cnn validates, the flags say it will not: the final test pass judges the target
+    monkeypatch.setattr(recipes, "MEASURED", {"mnist": {k: v for k, v in TABLE["mnist"].items()
+                                                        if k not in ("fast-plus", "mid")}})
+    cfg = resolve_config(target_acc=0.993, dataset="mnist", **given)
+    assert (cfg.recipe, cfg.target_split) == ("seed-cnn", "test")
+
+
 def test_no_recipe_reaches_it_is_one_error_with_what_each_reaches():
     with pytest.raises(MnistflowError, match=r"no recipe reaches it on mnist .*best 99.60-99.66%"):
         resolve_config(target_acc=0.999, dataset="mnist")

@@ -221,6 +221,49 @@ def test_a_ready_model_and_loss_function_are_trained(synthetic_records, tmp_path
     assert (info.factory, info.factory_kwargs) == ("tests.somewhere:Flat", {"inputs": 784})
 
 
+# --- numbers that become NaN/inf, and a target no evaluation measures -----------------------------
+
+def test_weights_that_blow_up_on_the_last_step_are_the_nan_error_and_no_model(synthetic_records, tmp_path):
+    def loss_fn(logits, targets):
+        calls.append(1)
+        loss = nn.functional.cross_entropy(logits, targets)
+        # the last step's loss is finite, its gradient NaN (d sqrt(u)/du is inf at 0, times 0):
+        # no loss of the run sees the weights it leaves
+        return loss + torch.sqrt((logits * 0).sum()) if len(calls) == 12 else loss
+
+    calls = []
+    cfg = resolve_config(None, data=str(synthetic_records), run_dir=str(tmp_path / "r"), epochs=1,
+                         precision="fp32", **QUICK)
+    with pytest.raises(MnistflowError, match=r"^the weights became NaN/inf at step 11 \(epoch 1\); stopped"):
+        fit(cfg, loss_fn=loss_fn)
+    run = RunDir(tmp_path / "r")
+    assert len(calls) == 12 and not run.model.exists() and not run.summary.exists()
+    assert [r["step"] for r in metrics(tmp_path / "r") if r["kind"] == "val"] == [12]  # what it recorded stays
+
+
+def test_a_rate_a_schedule_raises_past_float32_is_the_nan_error(synthetic_records, tmp_path):
+    # step 1: --lr 1e-3 x 1e30 fits a float32, Muon's matrices' 1e13 times it does not (torch
+    # refuses such a rate: a RuntimeError, before)
+    cfg = resolve_config(None, data=str(synthetic_records), run_dir=str(tmp_path / "r"), max_steps=2,
+                         optimizer="muon", muon_lr=1e10, schedule="step", step_gamma=1e30, step_every=0.01,
+                         precision="fp32", **QUICK)
+    with pytest.raises(MnistflowError, match="NaN/inf at step 1"):
+        fit(cfg)
+
+
+def test_a_target_on_a_split_the_records_lack_is_refused_before_work(tmp_path):
+    from helpers.synthetic import write_records
+
+    records = write_records(tmp_path / "no-val", n_train=100, n_test=50, val_size=0)
+    settings = dict(data=str(records), max_steps=2, target_acc=0.01, **QUICK)
+    with pytest.raises(MnistflowError, match="the val split, which these records do not hold: "
+                                             "add --target-split test"):
+        train(run_dir=tmp_path / "r", **settings)
+    assert not (tmp_path / "r").exists()
+    s = train(run_dir=tmp_path / "t", target_split="test", **settings)  # the test pass judges it
+    assert s["stop_reason"] == "target" and s["time_to_target_s"] is not None
+
+
 # --- warnings -------------------------------------------------------------------------------------
 
 class Warns:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,12 @@ TTA_VIEWS = (0, 2, 4, 8)  # models.evaluate.TTA_VIEWS (that module imports torch
 MAX_SEED = 2**32 - 1
 MAX_THREADS = 1024  # the same as runtime.cpu.MAX_THREADS (that module imports torch: not here)
 MAX_INT = 2**63 - 1  # an integer setting reaches tensors and numpy: int64
+# A number setting reaches float32 tensors (a rate or a factor: torch refuses to apply 1e39 to
+# float32 weights): torch.finfo(torch.float32).max (torch is not imported here; a test checks).
+MAX_FLOAT32 = 3.4028234663852886e38
+# Epochs times batches per epoch must count in 64 bits: a million epochs leaves room for 9e12
+# batches an epoch (no run needs more; --max-steps stops one sooner).
+MAX_EPOCHS = 1_000_000
 MAX_TOML_BYTES = 1 << 20  # a configuration file is a few hundred bytes; refuse what is not one
 DATA_DELAY_ENV = "MNISTFLOW_INJECT_DATA_DELAY"  # tests: seconds the training reader sleeps per batch
 # --augment: the policies of data.augment (that module imports torch: not here; a test keeps
@@ -51,8 +58,8 @@ AUGMENT_SWITCH = {True: "auto", False: "off"}
 class Rule:
     """The values a setting accepts beyond its type: ``choices`` (of a text setting, or the only
     numbers an integer setting takes) and bounds, exclusive (``above``, ``below``) or inclusive
-    (``at_least``, ``at_most``). Numbers must also be finite, integers fit in 64 bits, text hold
-    no NUL character."""
+    (``at_least``, ``at_most``). Numbers must also be finite, integers fit in 64 bits, other
+    numbers in a float32, text hold no NUL character."""
 
     choices: tuple = ()
     above: float | None = None
@@ -117,6 +124,8 @@ class Rule:
             return self.describe(kind)
         if is_int and not -MAX_INT - 1 <= value <= MAX_INT:
             return f"at most {MAX_INT} (a 64-bit integer)"
+        if kind == "float" and abs(value) > MAX_FLOAT32:
+            return f"at most {MAX_FLOAT32:.6g} (the largest float32)"
         return None
 
 
@@ -157,7 +166,8 @@ class TrainConfig:
         None, "data", "a known dataset name: mnist, fashion-mnist, kmnist, cifar10")
     run_dir: str | None = setting(
         None, "run", "where to write the run (default: runs/<recipe or model>-<time>)")
-    epochs: float = setting(1.0, "optimization", "epochs to train (fractions allowed)", above=0)
+    epochs: float = setting(1.0, "optimization", "epochs to train (fractions allowed)", above=0,
+                            at_most=MAX_EPOCHS)
     max_steps: int | None = setting(None, "optimization", "stop after this many steps", at_least=1)
     target_acc: float | None = setting(
         None, "optimization", "stop once this accuracy (e.g. 0.99) is reached; reports the time to it",
@@ -363,9 +373,16 @@ def validate(cfg: TrainConfig, *, check_model: bool = True) -> None:
     ``check_model=False``: the model is a user's module given to ``fit``, not a registered name."""
     for f in fields(cfg):
         check_value(f.name, getattr(cfg, f.name))
-    if cfg.train_on == "train+val" and cfg.target_acc is not None and cfg.target_split == "val":
-        raise MnistflowError("--target-acc is measured on the validation split, which --train-on "
-                             "train+val trains on: add --target-split test")
+    if cfg.target_acc is not None and cfg.target_split == "val":
+        # the target is only compared after a validation pass (records without a val split:
+        # check_target_split, once they are open)
+        if cfg.train_on == "train+val":
+            raise MnistflowError("--target-acc is measured on the validation split, which --train-on "
+                                 "train+val trains on: add --target-split test")
+        if not cfg.validate and not cfg.eval_every:
+            raise MnistflowError("--target-acc is measured on the validation split, which a run with "
+                                 "validation off (--no-validate) never evaluates: add --target-split test "
+                                 "(or --validate)")
     if cfg.nesterov and cfg.optimizer == "momentum" and cfg.momentum == 0:
         raise MnistflowError("--nesterov needs a --momentum above 0")
     if cfg.init_only is not None and not cfg.init_from:
@@ -397,6 +414,16 @@ def validate(cfg: TrainConfig, *, check_model: bool = True) -> None:
     check_environment()  # $MNISTFLOW_THREADS and the like: the defaults of settings
     check_kernels_environment()  # $MNISTFLOW_KERNELS, $MNISTFLOW_AMX
     data_delay()
+
+
+def check_target_split(cfg: TrainConfig, holds: Callable[[str], bool], where: str | Path) -> None:
+    """``--target-acc`` is compared on ``cfg.target_split``: records that do not hold that split
+    (``holds``: ``Records.has``; prep --val-size 0 makes none for val) could never stop the run."""
+    if cfg.target_acc is None or holds(cfg.target_split):
+        return
+    other = "test" if cfg.target_split == "val" else "val"
+    raise MnistflowError(f"--target-acc is measured on the {cfg.target_split} split, which these records "
+                         "do not hold" + (f": add --target-split {other}" if holds(other) else ""), where)
 
 
 def _check_init_from(path: str) -> None:

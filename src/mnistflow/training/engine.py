@@ -54,12 +54,25 @@ class NonFiniteLoss(MnistflowError):
     pass
 
 
-def nonfinite(state: TrainState, lr: float, precision: str) -> NonFiniteLoss:
+def nonfinite(state: TrainState, lr: float, precision: str, *, weights: bool = False) -> NonFiniteLoss:
+    """The error of a run whose numbers became NaN/inf: the training loss of the step at
+    ``state.step`` (checked before its update), or with ``weights`` the weights after the step
+    just done (the last step's update, which no loss of the run ever sees)."""
     tips = [f"a lower --lr (now {lr:.3g})", "--schedule onecycle or --warmup 0.05"]
     if precision != "fp32":
         tips.append("--precision fp32")
-    return NonFiniteLoss(f"training loss became NaN/inf at step {state.step} (epoch {state.epoch + 1}); "
+    what, step, epoch = "training loss", state.step, state.epoch + 1
+    if weights:  # the step before: it may have ended an epoch (and the count moved on)
+        what, step, epoch = "the weights", state.step - 1, state.epoch + (state.step_in_epoch > 0)
+    return NonFiniteLoss(f"{what} became NaN/inf at step {step} (epoch {epoch}); "
                          f"stopped. Try {', '.join(tips)}")
+
+
+def finite_weights(model: nn.Module) -> bool:
+    """Whether every floating-point parameter and buffer of ``model`` is finite (one device
+    sync): checked once, before the model is saved."""
+    flags = [torch.isfinite(t).all() for t in (*model.parameters(), *model.buffers()) if t.is_floating_point()]
+    return not flags or bool(torch.stack(flags).all())
 
 
 def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, amp: Amp, xb: torch.Tensor,

@@ -61,6 +61,7 @@ from mnistflow.training.engine import (
     GraphedStep,
     LogWindow,
     TrainState,
+    finite_weights,
     graph_blocker,
     nonfinite,
     profiled,
@@ -70,7 +71,7 @@ from mnistflow.training.hooks import call
 from mnistflow.training.observe.console import ConsoleLogger
 from mnistflow.training.observe.finalize import FinalizeGuard
 from mnistflow.training.observe.memory import gpu_peaks_mb
-from mnistflow.training.optim import lr_factor
+from mnistflow.training.optim import float32_rate, lr_factor
 from mnistflow.training.resume import Resume, data_fingerprint, truncate_metrics
 from mnistflow.training.setup import (
     Run,
@@ -175,8 +176,9 @@ def _fit(cfg: TrainConfig, device: torch.device, info: dist.DistInfo, warned: li
         total = min(total, cfg.max_steps)
 
     def lr_at(step: int) -> float:  # a pure function of the step: resuming needs only the step
-        return cfg.lr * lr_factor(step, total, cfg.schedule, warmup=cfg.warmup, steps_per_epoch=steps_per_epoch,
-                                  step_every=cfg.step_every, gamma=cfg.step_gamma)
+        return float32_rate(cfg.lr * lr_factor(step, total, cfg.schedule, warmup=cfg.warmup,
+                                               steps_per_epoch=steps_per_epoch, step_every=cfg.step_every,
+                                               gamma=cfg.step_gamma))
 
     start_step = resume.step if resume is not None else 0
     if cfg.resume and primary:
@@ -338,6 +340,10 @@ def _fit(cfg: TrainConfig, device: torch.device, info: dist.DistInfo, warned: li
                                   run.dir.path, rank=info.rank, world_size=world)
 
     # --- the end: the test, the final checkpoint, the model, the summary ---------------------
+    # The loss of each step is checked before its update: the last update's blow-up is caught
+    # here, before a model no reader accepts is saved (what the run recorded stays, as after a NaN loss).
+    if not finite_weights(run.raw_model):
+        raise nonfinite(state, lr_at(max(state.step - 1, 0)), run.precision, weights=True)
     if run.test_loader is not None and state.metrics.get("test_step") != state.step:
         validate("test")  # (a test pass of this very step counts: no val split, or a target on test)
     wall = time.perf_counter() - clock.start

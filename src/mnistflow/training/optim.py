@@ -14,6 +14,10 @@ OPTIMIZERS = ("sgd", "momentum", "adadelta", "adagrad", "adam", "adamw", "rmspro
 SCHEDULES = ("constant", "step", "cosine", "onecycle", "linear")
 
 
+# torch.finfo(torch.float32).max: the largest rate torch applies to float32 weights (it refuses
+# a finite one beyond it); configmod.MAX_FLOAT32 (a test keeps them equal)
+F32_MAX = 3.4028234663852886e38
+
 _FUSED = {"sgd", "momentum", "adagrad", "adam", "adamw"}  # fused kernels on CPU and CUDA
 _FUSED_CPU_ONLY = {"adagrad"}  # fused=True on CUDA raises (PyTorch 2.4-2.13): foreach there
 
@@ -132,7 +136,7 @@ class Muon(torch.optim.Optimizer):
             if isinstance(lr, torch.Tensor):
                 torch._foreach_add_(ps, torch._foreach_mul(updates, -lr))
             else:
-                torch._foreach_add_(ps, updates, alpha=-lr)
+                torch._foreach_add_(ps, updates, alpha=-float32_rate(lr))
 
 
 def _orthogonal_updates(us: list[torch.Tensor], steps: int, bf16_products: bool) -> list[torch.Tensor]:
@@ -166,6 +170,13 @@ def _fusable(params, cpu_only: bool = False) -> bool:
     return bool(params) and all(p.is_floating_point() and p.device.type in devices for p in params)
 
 
+def float32_rate(lr: float) -> float:
+    """``lr`` as float32 weights take it: beyond the largest float32, inf. torch refuses a finite
+    rate it cannot convert (RuntimeError); inf does to the weights what such a rate would, and
+    the loop's NaN/inf check then stops the run with its one-line error."""
+    return lr if lr <= F32_MAX else math.inf
+
+
 def lr_factor(step: int, total: int, schedule: str, *, warmup: float = 0.0,
               steps_per_epoch: int = 1, step_every: float = 1.0, gamma: float = 0.7) -> float:
     """Multiplier of the base learning rate at ``step`` (0-based) of ``total`` steps.
@@ -190,5 +201,8 @@ def lr_factor(step: int, total: int, schedule: str, *, warmup: float = 0.0,
     if schedule == "cosine":
         return 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
     if schedule == "step":
-        return gamma ** int(step / max(steps_per_epoch * step_every, 1))
+        try:
+            return gamma ** int(step / max(steps_per_epoch * step_every, 1))
+        except OverflowError:  # gamma > 1 raised past the largest double: far past any float32
+            return math.inf
     raise ValueError(schedule)

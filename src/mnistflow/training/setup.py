@@ -87,7 +87,10 @@ def resolve_config(config: str | os.PathLike | None = None, **overrides) -> Trai
         recipe_name, why = pick_for_target(given["target_acc"], known_name(given["dataset"], given["data"]), machine)
         overrides["recipe"] = recipe_name
         chosen = get_recipe(recipe_name)
-        if not given["target_split"] and (chosen.get("train_on") == "train+val" or chosen.get("validate") is False):
+        # the recipe as the file and the flags given change it: does the run validate?
+        planned = {**chosen, **{k: v for d in (file or {}, overrides) for k, v in d.items() if v is not None}}
+        if not given["target_split"] and (planned.get("train_on") == "train+val"
+                                          or planned.get("validate") is False):
             overrides["target_split"] = "test"  # no validation pass: the final test pass judges it
         if dist.env_info().is_primary and not (overrides.get("quiet") or overrides.get("json")):
             note(why)
@@ -338,6 +341,7 @@ def build_run(cfg: TrainConfig, run_dir: Path, device: torch.device, info: dist.
         from mnistflow.data.prepare import prepare
 
         rec = open_records(prepare(cfg.dataset, cfg.data, quiet=cfg.quiet or cfg.json))
+    configmod.check_target_split(cfg, rec.has, rec.path)
     h, w, c = rec.shape
     n_train = rec.size(cfg.train_on)
     if cfg.batch_size != "auto" and cfg.batch_size > n_train:
