@@ -349,6 +349,7 @@ def _failures(tmp_path):
     return [
         ({"init_from": str(wrong)}, {}, "no parameter of the model was restored"),
         ({"init_from": str(wrong), "init_only": "nomatch*"}, {}, "--init-only 'nomatch*' selects none"),
+        ({"init_from": str(wrong), "init_only": ",,,"}, {}, "--init-only ',,,' holds no name pattern"),
         ({"lr": 1e38, "model": "softmax"}, {}, "training loss became NaN/inf"),
         ({}, {"loss_fn": _wrong_loss}, "must return a scalar floating-point tensor"),
         ({}, {"callbacks": [_Boom()]}, "a callback refused to start"),

@@ -485,7 +485,7 @@ def init_from(run: Run) -> str:
     if p.suffix.lower() != ".npz":
         raise MnistflowError("--init-from takes an npz of name -> array "
                              "(make one with: mnistflow export RUN --format npz)", p)
-    report = load_npz_into(run.raw_model, p, only=run.cfg.init_only)
+    report = load_npz_into(run.raw_model, p, only=run.cfg.init_only, flag="--init-only")
     if not report.loaded:
         if run.cfg.init_only and not report.missing and not report.mismatched:
             names = ", ".join(report.skipped[:4]) + (", ..." if len(report.skipped) > 4 else "")
