@@ -21,6 +21,7 @@ from mnistflow.artifacts import rundir
 from mnistflow.core import compat
 from mnistflow.core.env import env_seconds
 from mnistflow.core.errors import MnistflowError
+from mnistflow.runtime.device import PRECISIONS
 
 #: The sections of ``mnistflow train --help``, in order: name -> what they hold.
 GROUPS: dict[str, str] = {
@@ -224,7 +225,7 @@ class TrainConfig:
                         at_least=0, at_most=MAX_SEED)
     precision: str = setting(
         "auto", "precision/devices", "fp32, bf16, fp16 (CUDA) or auto (bf16 where the hardware is fast at it)",
-        choices=("auto", "fp32", "bf16", "fp16"))
+        choices=PRECISIONS)
     channels_last: bool = setting(
         False, "precision/devices", "channels-last memory layout for the model and its batches")
     device: str = setting(
