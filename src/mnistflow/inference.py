@@ -14,7 +14,6 @@ mapped onto its outputs by label value (``model_file.outputs_of_records``).
 """
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterable
 from pathlib import Path
@@ -27,9 +26,10 @@ from mnistflow.artifacts.model_file import ModelInfo, outputs_of_records
 from mnistflow.artifacts.onnx import OnnxBackend
 from mnistflow.artifacts.predictor import as_predictor, predict_arrays
 from mnistflow.artifacts.rundir import SUMMARY
+from mnistflow.artifacts.runlog import describe_views, read_summary
 from mnistflow.core.errors import MnistflowError
+from mnistflow.core.log import warn
 from mnistflow.data.augment import mirror_safe
-from mnistflow.artifacts.runlog import describe_views
 from mnistflow.models.evaluate import TTA_VIEWS
 from mnistflow.runtime.cpu import set_threads
 from mnistflow.runtime.device import Amp, pick_device, pick_precision
@@ -81,12 +81,22 @@ def _eval_precision(precision: str, model_path: str | Path, dev: torch.device) -
     """``evaluate``'s precision: ``precision`` itself, or for auto the run's (see there)."""
     if precision != "auto":
         return pick_precision(precision, dev)
-    summary = Path(model_path) / SUMMARY
+    return "bf16" if _run_precision(model_path) == "bf16" and pick_precision("auto", dev) == "bf16" else "fp32"
+
+
+def _run_precision(model_path: str | Path) -> object:
+    """The precision a run directory's summary.json records (None: no run, no summary, no
+    value). A summary that cannot be used (too large, not a regular file, not a JSON object,
+    ...: ``runlog.read_summary``) is only a hint lost: one warning, and eval goes on as
+    without one (fp32), since the model itself is what is evaluated."""
+    if not Path(model_path).is_dir():
+        return None  # a model file: no summary of its own
     try:
-        ran = json.loads(summary.read_text()).get("precision") if summary.is_file() else None
-    except (OSError, ValueError):
-        ran = None  # an unreadable summary: the model is still evaluated, in fp32
-    return "bf16" if ran == "bf16" and pick_precision("auto", dev) == "bf16" else "fp32"
+        summary = read_summary(Path(model_path) / SUMMARY)
+    except MnistflowError as e:
+        warn(f"{e}; ignored: evaluating in fp32 (--precision chooses)")
+        return None
+    return None if summary is None else summary.get("precision")
 
 
 class _Relabelled:
@@ -137,17 +147,17 @@ def _read_images(paths: list[Path], in_shape: tuple[int, int, int], *, invert: b
     """(name, model input) for PNG/JPEG files, or every image of an IDX file. Each picture's
     size is checked from its header before decoding (``data.picture.read_picture``: at most
     ``max_pixels``, default ``data.picture.MAX_PIXELS``; only regular files) and it is brought
-    to the model's size at once, so only one full-size picture is in memory at a time."""
-    from mnistflow.data.formats.idx import read_idx
+    to the model's size at once, so only one full-size picture is in memory at a time. An IDX
+    file is read as ``prep`` reads one (``idx.read_idx_images``: at least one image, pixels
+    integers 0..255 whatever the IDX type)."""
+    from mnistflow.data.formats.idx import read_idx_images
     from mnistflow.data.picture import read_picture, to_model_input
 
     out = []
     for p in paths:
         p = Path(p)
         if "idx3-ubyte" in p.name or p.suffix in (".idx", ".idx3"):
-            arr = read_idx(p)
-            if arr.ndim != 3:
-                raise MnistflowError(f"expected an IDX image file (N, H, W), got shape {arr.shape}", p)
+            arr = read_idx_images(p, ranks=(3,))  # uint8, at least one image of 1+ pixels
             out += [(f"{p.name}[{i}]", to_model_input(a, in_shape, invert=invert, mnist=mnist_style))
                     for i, a in enumerate(arr)]
             continue

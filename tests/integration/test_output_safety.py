@@ -196,6 +196,24 @@ def test_a_tampered_summary_is_one_line(copy, text, message):
     assert not (copy / "report").exists()
 
 
+@pytest.mark.parametrize("tamper, message", [
+    (lambda f: f.write_text("[1, 2]"), "summary.json: is a list, not a JSON object"),
+    (lambda f: f.write_text("null"), "summary.json: is null, not a JSON object"),
+    (lambda f: os.truncate(f, 1 << 30), "summary.json: a run file of 1,073,741,824 bytes is over the"),
+])
+def test_eval_ignores_an_unusable_summary_with_one_warning(copy, tamper, message):
+    """eval reads the summary only for the run's precision (``--precision auto``): a tampered
+    one (was an AttributeError traceback; a 1 GiB sparse file made 2.4 GB RSS) is the same
+    capped, checked reader's message as a warning, and the model is evaluated in fp32."""
+    (copy / "summary.json").write_text("")
+    tamper(copy / "summary.json")
+    proc = run_cli("eval", str(copy), "--device", "cpu", env={"MNISTFLOW_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("mnistflow: warning: ") and message in lines[0], lines
+    assert "evaluating in fp32" in lines[0] and "accuracy" in proc.stdout
+
+
 def test_a_summary_lacking_fields_leaves_out_the_table(copy):
     (copy / "summary.json").write_text('{"x": 1}')
     page = report(copy, device="cpu").read_text()

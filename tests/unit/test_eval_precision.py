@@ -53,3 +53,59 @@ def test_a_precision_given_is_used(tmp_path, bf16_cpu):
     assert inference._eval_precision("fp32", run, CPU) == "fp32"
     bf16_cpu["bf16"] = False
     assert inference._eval_precision("bf16", run, CPU) == "bf16"
+
+
+# --- a summary.json that cannot be used (sweep 2, D3): one warning, eval goes on in fp32 ---------
+
+@pytest.mark.parametrize("text,why", [
+    ("[1, 2]", "is a list, not a JSON object of the run's figures"),
+    ("null", "is null, not a JSON object of the run's figures"),
+    ('"bf16"', "is a string, not a JSON object"),
+    ('{"precision": "bf16", "wall_s": "soon"}', "'wall_s' is a string, not a number"),
+    ("{not json", "is not valid JSON"),
+])
+def test_a_summary_that_is_not_an_object_of_figures_is_ignored_with_one_warning(
+        tmp_path, bf16_cpu, capsys, text, why):
+    """Was an AttributeError traceback for a list or null (``json.loads(...).get``)."""
+    run = _run(tmp_path, text)
+    assert inference._eval_precision("auto", run, CPU) == "fp32"
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1, err
+    assert err[0].startswith(f"mnistflow: warning: {run / 'summary.json'}: {why}"), err
+    assert err[0].endswith("evaluating in fp32 (--precision chooses)"), err
+
+
+def test_a_huge_summary_is_refused_from_its_size_not_read(tmp_path, bf16_cpu, capsys):
+    """A sparse 256 MiB summary.json costs nothing on disk: the old reader loaded all of it (and
+    its decoded text: 2.4 GB RSS for 1 GiB); the run files' capped reader never reads it."""
+    from helpers import memory
+
+    run = _run(tmp_path, None)
+    with open(run / "summary.json", "wb") as f:
+        f.truncate(256 << 20)
+    got, grew = memory.peak_growth(lambda: inference._eval_precision("auto", run, CPU))
+    assert got == "fp32"
+    assert grew < 32 << 20, f"{grew / 2**20:.0f} MiB ({memory.METHOD})"
+    err = capsys.readouterr().err
+    assert "a run file of 268,435,456 bytes is over the 4,194,304-byte limit" in err, err
+
+
+def test_eval_and_report_share_one_summary_reader(tmp_path):
+    """``runlog.read_summary``: None without a file, the object when it is one, else one error
+    naming the file (report refuses the run with it; eval warns and goes on)."""
+    from mnistflow.artifacts import runlog
+    from mnistflow.core.errors import MnistflowError
+    from mnistflow.reporting import run as report_run
+
+    assert report_run.read_summary is runlog.read_summary
+    path = tmp_path / "summary.json"
+    assert runlog.read_summary(path) is None
+    path.write_text(json.dumps({"precision": "bf16", "wall_s": 1.5}))
+    assert runlog.read_summary(path) == {"precision": "bf16", "wall_s": 1.5}
+    path.write_text("[1, 2]")
+    with pytest.raises(MnistflowError, match=r"summary\.json: is a list, not a JSON object"):
+        runlog.read_summary(path)
+    path.unlink()
+    path.mkdir()
+    with pytest.raises(MnistflowError, match=r"summary\.json: not a regular file \(a folder\)"):
+        runlog.read_summary(path)

@@ -61,3 +61,95 @@ def test_unreadable_and_missing_pictures_are_one_error(model_file, tmp_path):
         predict(model_file, [tmp_path / "x.png"])
     with pytest.raises(MnistflowError, match="no such file"):
         predict(model_file, [tmp_path / "missing.png"])
+
+
+# --- sweep 2: IDX files that hold no pixels or no pixel values (D4, D8) --------------------------
+
+def _idx(path, shape, data: bytes = b"", code: int = 0x08):
+    import struct
+
+    path.write_bytes(bytes([0, 0, code, len(shape)]) + b"".join(struct.pack(">I", s) for s in shape) + data)
+    return path
+
+
+@pytest.mark.parametrize("how", [{}, {"invert": None}, {"mnist_style": True}])
+def test_an_idx_file_of_zero_pixel_images_is_one_error(model_file, tmp_path, how):
+    """Was 5 made-up predictions, an IndexError (``invert=None``) or a ValueError (``mnist_style``)."""
+    p = _idx(tmp_path / "zero.idx", (5, 0, 28))
+    with pytest.raises(MnistflowError) as e:
+        predict(model_file, [p], **how)
+    assert str(e.value) == f"{p}: IDX images of shape (5, 0, 28): a side of size 0, so the images hold no pixels"
+    with pytest.raises(MnistflowError, match=r"n0\.idx: holds no images \(shape \(0, 28, 28\)\)"):
+        predict(model_file, [_idx(tmp_path / "n0.idx", (0, 28, 28))], **how)
+
+
+def test_a_float_idx_file_follows_preps_pixel_rule(model_file, tmp_path):
+    """Float IDX (type 0x0D) pixels are read as prep reads any pixels (``raw.as_pixels``):
+    integral values 0..255 as they are; NaN (was a numpy cast warning, then NaN read as 0)
+    and 0..1 floats (were read as a near-black picture) are one error, no warning."""
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 256, (2, 28, 28))
+    ref = predict(model_file, [_idx(tmp_path / "u8.idx", x.shape, x.astype(np.uint8).tobytes())])
+    got = predict(model_file, [_idx(tmp_path / "f.idx", x.shape, x.astype(">f4").tobytes(), 0x0D)])
+    assert [r["probabilities"] for r in got] == [r["probabilities"] for r in ref]
+    bad = {"nan.idx": (np.where(x > 9, x, np.nan), 0x0D, r"\(float32\) holds NaN or infinite values"),
+           "unit.idx": (x / 255.0, 0x0E, (r"\(float64\) holds non-integer values, not pixels 0\.\.255 "
+                                          r"\(0\.\.1 floats\? multiply by 255\)")),
+           "wide.idx": (x * 4, 0x0B, r"\(int16\) holds values 0\.\.1020, outside 0\.\.255")}
+    for name, (a, code, message) in bad.items():
+        p = _idx(tmp_path / name, a.shape, a.astype({0x0D: ">f4", 0x0E: ">f8", 0x0B: ">i2"}[code]).tobytes(), code)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            with pytest.raises(MnistflowError, match=f"{name}: image data {message}"):
+                predict(model_file, [p])
+
+
+# --- sweep 2, D9: a picture of an extreme aspect ratio costs what a 1024-pixel one does ---------
+
+def _grey_png(w: int, h: int) -> bytes:
+    """A black w x h PNG, tiny whatever its size (one zlib stream of zero rows)."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    rows = (b"\0" * (w + 1)) * h
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 0, 0, 0, 0))
+            + chunk(b"IDAT", zlib.compress(rows, 9)) + chunk(b"IEND", b""))
+
+
+@pytest.mark.parametrize("how", [{}, {"invert": None}, {"mnist_style": True}])
+def test_an_extreme_aspect_picture_is_shrunk_first_and_memory_stays_bounded(model_file, tmp_path, how):
+    """A 15 KB PNG of 16,000,000 x 1 pixels (under the default pixel cap) was LANCZOS-resized
+    to 28x28 in one go: Pillow's filter tables grow with the ratio, 1.16 GB peak RSS."""
+    from helpers import memory
+
+    p = tmp_path / "wide.png"
+    p.write_bytes(_grey_png(16_000_000, 1))
+    ok = tmp_path / "ok.png"
+    ok.write_bytes(_grey_png(28, 28))
+    predict(model_file, [ok], **how)  # warm up: imports, the model's first forward
+    (res,) = memory.assert_bounded(lambda: predict(model_file, [p], **how), p.stat().st_size, "wide.png")
+    assert res["image"] == str(p)
+
+
+def test_predict_and_the_server_take_one_shrink_step(monkeypatch):
+    """``data.picture.shrink``: box-reduced by a whole factor to 1024 a side; the server's
+    upload decoder and ``to_model_input`` (predict's files, IDX items, arrays) both call it."""
+    from PIL import Image
+
+    from mnistflow.data import picture
+    from mnistflow.server.inputs import decode_image
+
+    small = Image.new("L", (1024, 7))
+    assert picture.shrink(small) is small
+    assert picture.shrink(Image.new("L", (16_000_000, 1))).size == (1024, 1)
+    assert picture.shrink(Image.new("RGB", (3000, 10))).size == (1000, 4)
+    calls = []
+    real = picture.shrink
+    monkeypatch.setattr(picture, "shrink", lambda im, *a: calls.append(im.size) or real(im, *a))
+    assert decode_image(_grey_png(3000, 10)).shape == (4, 1000)
+    out = picture.to_model_input(np.zeros((5, 3000), np.uint8), (1, 28, 28))
+    assert out.shape == (28, 28, 1)
+    assert calls == [(3000, 10), (3000, 5)]

@@ -342,3 +342,98 @@ def test_d4_a_raw_tfrecord_that_starts_like_gzip_is_still_read(tmp_path):
     p.write_bytes(frame([ex]))
     assert p.read_bytes()[:3] == b"\x1f\x8b\x08"
     assert tfrecord.read_tfrecord_dataset(p).train.x.shape == (1, 28, 28, 1)
+
+
+# --- sweep 2, D4: IDX images of no pixels are refused where IDX images are read ---------------
+
+def _idx_folder(root, image_shape, n_test=20):
+    """An MNIST-named IDX folder whose train images have ``image_shape`` (N first)."""
+    root.mkdir()
+    for split, shape in (("train", image_shape), ("t10k", (n_test, *image_shape[1:]))):
+        (root / f"{split}-images-idx3-ubyte").write_bytes(idx_bytes(shape, bytes(int(np.prod(shape)))))
+        (root / f"{split}-labels-idx1-ubyte").write_bytes(
+            idx_bytes((shape[0],), bytes(i % 10 for i in range(shape[0]))))
+    return root
+
+
+@pytest.mark.parametrize("shape", [(100, 0, 28), (100, 28, 0), (100, 0, 0), (100, 0, 28, 1), (100, 28, 28, 0)])
+def test_s2_d4_prep_refuses_idx_images_with_a_side_of_size_0(tmp_path, shape):
+    """Were prepared (rc 0) into records every reader refuses, with advice ('prep --force')
+    that rebuilt the same records."""
+    raw = _idx_folder(tmp_path / "raw", shape)
+    with pytest.raises(MnistflowError) as e:
+        prepare(data=raw, out=tmp_path / "recs", quiet=True)
+    assert str(e.value) == (f"{raw / 'train-images-idx3-ubyte'}: IDX images of shape {shape}: "
+                            "a side of size 0, so the images hold no pixels")
+    assert not (tmp_path / "recs").exists()
+
+
+def test_s2_d4_idx_images_of_zero_count_stay_an_error(tmp_path):
+    raw = _idx_folder(tmp_path / "raw", (0, 28, 28))
+    with pytest.raises(MnistflowError, match=r"train-images-idx3-ubyte: holds no images \(shape \(0, 28, 28\)\)"):
+        prepare(data=raw, out=tmp_path / "recs", quiet=True)
+    assert not (tmp_path / "recs").exists()
+    with pytest.raises(MnistflowError, match=r"expected an IDX image file \(N, H, W\), got shape \(2, 3, 3, 1\)"):
+        p = tmp_path / "four.idx"
+        p.write_bytes(idx_bytes((2, 3, 3, 1), bytes(18)))
+        idx.read_idx_images(p, ranks=(3,))
+
+
+# --- sweep 2, D8: one pixel rule (raw.as_pixels), one error line, no numpy warning -------------
+
+@pytest.mark.parametrize("x,message", [
+    (np.full((50, 28, 28), np.nan), r"x_train \(float64\) holds NaN or infinite values, not pixels 0\.\.255$"),
+    (np.full((50, 28, 28), -np.inf, np.float32), r"x_train \(float32\) holds NaN or infinite values"),
+    (np.where(np.arange(50 * 784).reshape(50, 28, 28) % 7, np.nan, 3.0), "holds NaN or infinite values"),
+    (np.full((50, 28, 28), 0.5), r"holds non-integer values, not pixels 0\.\.255 \(0\.\.1 floats\? multiply by 255\)$"),
+    (np.full((50, 28, 28), 300.5), r"holds non-integer values, not pixels 0\.\.255$"),
+    (np.full((50, 28, 28), 256, np.int16), r"x_train \(int16\) holds values 256\.\.256, outside 0\.\.255$"),
+])
+def test_s2_d8_npz_pixels_that_are_not_pixels_are_one_error_without_a_numpy_warning(tmp_path, x, message):
+    """An all-NaN x_train printed numpy's 'All-NaN slice encountered' (2 raw lines) first."""
+    p = tmp_path / "bad.npz"
+    np.savez(p, x_train=x, y_train=np.arange(50) % 10)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a raw RuntimeWarning fails the test
+        with pytest.raises(MnistflowError, match=message) as e:
+            npz.read_npz(p)
+    assert str(e.value).startswith(f"{p}: x_train")
+
+
+def test_s2_d8_the_pixel_rule_checks_every_chunk(monkeypatch):
+    """``as_pixels`` checks a few MB at a time: a bad value in a later chunk is still found,
+    the range is the whole array's, and integral values of any dtype come out as uint8."""
+    from mnistflow.data.formats import raw
+
+    monkeypatch.setattr(raw, "_PIXEL_CHUNK", 10)
+    x = np.arange(100, dtype=np.float64)
+    np.testing.assert_array_equal(raw.as_pixels(x, "f", "px"), np.arange(100, dtype=np.uint8))
+    x[95] = np.nan
+    with pytest.raises(MnistflowError, match="f: px .* NaN or infinite"):
+        raw.as_pixels(x, "f", "px")
+    x[95] = 95.25
+    with pytest.raises(MnistflowError, match="non-integer"):
+        raw.as_pixels(x, "f", "px")
+    y = np.arange(-1, 299, dtype=np.int32)
+    with pytest.raises(MnistflowError, match=r"holds values -1\.\.298, outside 0\.\.255"):
+        raw.as_pixels(y, "f", "px")
+    assert raw.as_pixels(np.array([True, False]), "f", "px").dtype == np.uint8
+    with pytest.raises(MnistflowError, match="has dtype complex128; expected uint8 pixels"):
+        raw.as_pixels(np.zeros(3, complex), "f", "px")
+    u = np.zeros(3, np.uint8)
+    assert raw.as_pixels(u, "f", "px") is u
+
+
+def test_s2_d8_a_float_idx_image_file_follows_the_same_rule(tmp_path):
+    """prep reads IDX images through ``idx.read_idx_images`` (as predict does): integral floats
+    0..255 are pixels, NaN and 0..1 floats are one error."""
+    x = np.arange(3 * 28 * 28).reshape(3, 28, 28) % 256
+    p = tmp_path / "f-idx3"
+    p.write_bytes(idx_bytes(x.shape, x.astype(">f4").tobytes(), code=0x0D))
+    np.testing.assert_array_equal(idx.read_idx_images(p), x.astype(np.uint8))
+    for bad, message in ((np.where(x > 9, x, np.nan), "NaN or infinite"), (x / 255.0, "multiply by 255")):
+        p.write_bytes(idx_bytes(x.shape, bad.astype(">f4").tobytes(), code=0x0D))
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            with pytest.raises(MnistflowError, match=f"{p}: image data \\(float32\\) holds .*{message}"):
+                idx.read_idx_images(p)

@@ -9,18 +9,39 @@ Reading pictures: ``open_picture`` / ``read_picture`` check the image's size fro
 before decoding anything: at most ``MAX_PIXELS`` pixels (16.7 Mpx, a 4096x4096 picture or a
 16 Mpx photo) unless the caller passes ``max_pixels`` (the CLI's ``--max-pixels``); a FIFO or
 other non-regular file is refused, never opened for reading.
+
+A picture larger than ``WORK_SIDE`` pixels a side is first box-reduced to it (:func:`shrink`,
+the first step of ``to_model_input``, which the server takes as it decodes an upload): a LANCZOS
+resize straight from a huge or extremely narrow picture to 28x28 builds filter tables that grow
+with the reduction ratio (a 15 KB PNG of 16,000,000x1 pixels took over 1 GB in ``predict``).
 """
 from __future__ import annotations
 
+import math
 import os
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from mnistflow.core.errors import fail
 from mnistflow.data.formats.image import MAX_PIXELS, open_picture
 
-__all__ = ["MAX_PIXELS", "open_picture", "read_picture", "to_model_input", "mnist_style",
-           "flatten_alpha", "invert_for", "needs_invert"]
+if TYPE_CHECKING:  # Pillow is imported where it is used (a CLI that never decodes skips it)
+    from PIL import Image
+
+__all__ = ["MAX_PIXELS", "WORK_SIDE", "open_picture", "read_picture", "shrink", "to_model_input",
+           "mnist_style", "flatten_alpha", "invert_for", "needs_invert"]
+
+WORK_SIDE = 1024  # the most pixels a side a picture keeps before it is resized (``shrink``)
+
+
+def shrink(im: Image.Image, side: int = WORK_SIDE) -> Image.Image:
+    """``im`` box-reduced by a whole factor to at most ``side`` pixels a side (``im`` itself
+    when it is no larger), so that every later step costs what a ``side``-pixel picture does
+    whatever the picture's size or aspect ratio. A box filter's cost does not grow with the
+    factor, unlike LANCZOS's tables; what is lost is detail a 28x28 input cannot show anyway."""
+    longest = max(im.size)
+    return im if longest <= side else im.reduce(math.ceil(longest / side))
 
 
 def read_picture(path: str | os.PathLike, max_pixels: int | None = None) -> np.ndarray:
@@ -100,16 +121,21 @@ def to_model_input(img: np.ndarray, in_shape: tuple[int, int, int], *, invert: b
     picture is inverted when its background differs from the training data's
     (``dark_background``: True for MNIST's white on black).
     ``mnist``: bounding-box + centre-of-mass placement (grey 28x28 models).
-    An alpha channel is flattened onto a background that contrasts with the ink.
+    An alpha channel is flattened onto a background that contrasts with the ink. An image
+    over ``WORK_SIDE`` pixels a side (a picture file, an IDX item, a caller's array) is
+    ``shrink``-ed first: memory stays bounded whatever its size or aspect ratio.
     """
     from PIL import Image
 
     c, h, w = in_shape
     a = np.asarray(img)
-    if a.ndim == 3 and a.shape[2] in (2, 4):
-        a = flatten_alpha(a)
     if a.ndim == 3 and a.shape[2] == 1:
         a = a[..., 0]
+    if a.dtype == np.uint8 and (a.ndim == 2 or (a.ndim == 3 and a.shape[2] in (2, 3, 4))) \
+            and max(a.shape[:2]) > WORK_SIDE:
+        a = np.asarray(shrink(Image.fromarray(np.ascontiguousarray(a))))
+    if a.ndim == 3 and a.shape[2] in (2, 4):
+        a = flatten_alpha(a)
     if c == 1:  # float32 (never float64) and inverted in place: a few bytes per pixel
         g = a.astype(np.float32) if a.ndim == 2 else a.mean(-1, dtype=np.float32)
         if invert is None:

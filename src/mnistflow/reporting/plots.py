@@ -12,7 +12,8 @@ from types import ModuleType
 
 import numpy as np
 
-from mnistflow.reporting.run import RunLog, SplitPredictions, is_number
+from mnistflow.artifacts.runlog import is_number
+from mnistflow.reporting.run import RunLog, SplitPredictions
 
 DPI = 100
 # name -> (width, height) in inches; at DPI the PNGs have exactly these sizes x 100 pixels.

@@ -1,15 +1,14 @@
 """What a report is drawn from: a run directory's own files (``RunLog``) and the trained model
 run once over the test split of its records (``SplitPredictions``).
 
-The run's files are read with a cap (``runlog.MAX_METRICS_BYTES``, ``MAX_SMALL_BYTES``): memory stays
-bounded whatever a directory holds, and a file that is not a regular one (a FIFO would block
-the read) is refused. What a tampered ``summary.json`` or ``config.toml`` holds is checked
-before it is shown: a field of the wrong type is one error line naming the file and field.
+The run's files are read with a cap (``runlog.MAX_METRICS_BYTES``, ``runlog.MAX_SMALL_BYTES``):
+memory stays bounded whatever a directory holds, and a file that is not a regular one (a FIFO
+would block the read) is refused. What a tampered ``summary.json`` or ``config.toml`` holds is
+checked before it is shown (``runlog.read_summary``, the reader ``eval`` uses too): a field of
+the wrong type is one error line naming the file and field.
 """
 from __future__ import annotations
 
-import json
-import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,62 +16,22 @@ from pathlib import Path
 import numpy as np
 
 from mnistflow.artifacts.rundir import METRICS, RunDir
-from mnistflow.artifacts.runlog import read_metrics
+from mnistflow.artifacts.runlog import (
+    is_number,
+    read_metrics,
+    read_small,
+    read_summary,
+    type_name,
+)
 from mnistflow.core import compat
-from mnistflow.core.errors import MnistflowError, os_error
-from mnistflow.core.fsutil import read_regular
+from mnistflow.core.errors import MnistflowError
 
-MAX_SMALL_BYTES = 4 << 20  # summary.json, config.toml: a few KiB when a training writes them
 # the fields of a metrics.jsonl record a report draws (the rest is not kept in memory)
 METRIC_KEYS = ("kind", "step", "epoch", "loss", "acc", "lr", "img_per_s", "data_wait_frac")
-# summary.json fields shown as numbers (each may be null, or missing: then not shown)
-SUMMARY_NUMBERS = ("wall_s", "time_to_target_s", "epochs", "steps", "img_per_s", "train_s", "train_img_per_s",
-                   "data_wait_frac", "peak_rss_mb", "val_acc", "test_acc", "tta", "gpu_peak_allocated_mb",
-                   "gpu_peak_reserved_mb")
 # what the end-of-run table needs (present, a number unless null is allowed)
 TABLE_FIELDS = ("wall_s", "img_per_s", "train_img_per_s", "data_wait_frac", "peak_rss_mb", "val_acc",
                 "test_acc", "run_dir")
 NULLABLE = ("time_to_target_s", "train_img_per_s", "data_wait_frac", "val_acc", "test_acc")
-
-
-def is_number(v) -> bool:
-    """A finite int or float that fits a float (not a bool, not a 400-digit integer)."""
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        return False
-    try:
-        return math.isfinite(v)
-    except OverflowError:
-        return False
-
-
-def _read_small(path: Path) -> str | None:
-    """The text of a small run file (summary.json, config.toml), or None if there is none."""
-    if not os.path.lexists(path):
-        return None
-    try:
-        data = read_regular(path, MAX_SMALL_BYTES, "a run file")
-    except OSError as e:
-        raise os_error(e, path) from None
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise MnistflowError(f"is not UTF-8 text (byte {e.start})", path) from None
-
-
-def _type(v) -> str:
-    return "null" if v is None else {dict: "an object", list: "a list", str: "a string",
-                                     bool: "a boolean"}.get(type(v), f"{v!r}")
-
-
-def check_summary(summary, path: Path) -> dict:
-    """``summary`` (parsed summary.json) if it is an object whose numeric fields are numbers."""
-    if not isinstance(summary, dict):
-        raise MnistflowError(f"is {_type(summary)}, not a JSON object of the run's figures", path)
-    for k in SUMMARY_NUMBERS:
-        v = summary.get(k)
-        if v is not None and not is_number(v):
-            raise MnistflowError(f"'{k}' is {_type(v)}, not a number", path)
-    return summary
 
 
 def table_missing(summary: dict, target) -> list[str]:
@@ -158,15 +117,9 @@ def load_run(run_dir: str | Path) -> RunLog:
         raise MnistflowError(f"no {METRICS} in this directory (is it a run directory?)", run.path)
     recs = read_metrics(run.metrics, METRIC_KEYS)
     kinds = {k: _by_step([r for r in recs if r.get("kind") == k]) for k in ("train", "val", "test")}
-    summary = None
-    text = _read_small(run.summary)
-    if text is not None:
-        try:
-            summary = check_summary(json.loads(text), run.summary)
-        except (ValueError, RecursionError):
-            raise MnistflowError("is not valid JSON", run.summary) from None
+    summary = read_summary(run.summary)
     config = {}
-    text = _read_small(run.config) or ""
+    text = read_small(run.config) or ""
     if text:
         try:
             config = compat.tomllib().loads(text)
@@ -176,7 +129,7 @@ def load_run(run_dir: str | Path) -> RunLog:
             raise MnistflowError("not valid TOML (nested too deeply)", run.config) from None
         target = config.get("target_acc")
         if target is not None and not is_number(target):
-            raise MnistflowError(f"target_acc is {_type(target)}, not a number", run.config)
+            raise MnistflowError(f"target_acc is {type_name(target)}, not a number", run.config)
     return RunLog(run.path, kinds["train"], kinds["val"], kinds["test"], summary, config, text)
 
 

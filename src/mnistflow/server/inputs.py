@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import io
 import json
-import math
 
 import numpy as np
 
@@ -41,9 +40,12 @@ def decode_image(data: bytes, limits: Limits = DEFAULTS) -> np.ndarray:
 
     Bounded before decoding: the size from the header (after choosing a JPEG's reduced decode
     scale) must be at most ``limits.max_pixels`` pixels (else 413); the decoded picture is
-    reduced (box filter) to at most ``limits.work_side`` pixels a side before it becomes an
-    array, so what follows costs no more than a 1024x1024 picture would."""
+    reduced (box filter: ``data.picture.shrink``, the step ``predict`` takes too) to at most
+    ``limits.work_side`` pixels a side before it becomes an array, so what follows costs no
+    more than a 1024x1024 picture would."""
     from PIL import Image
+
+    from mnistflow.data.picture import shrink
 
     try:
         im = Image.open(io.BytesIO(data), formats=FORMATS)
@@ -69,9 +71,7 @@ def decode_image(data: bytes, limits: Limits = DEFAULTS) -> np.ndarray:
             im = im.convert("RGBA")
         else:
             im = im.convert("RGB")
-        if max(im.size) > side:
-            im = im.reduce(math.ceil(max(im.size) / side))
-        a = np.asarray(im)
+        a = np.asarray(shrink(im, side))
     except Exception as e:  # truncated or corrupt data
         raise BadInput(400, f"the image could not be decoded ({e.__class__.__name__}: {str(e)[:160]})") from None
     return a

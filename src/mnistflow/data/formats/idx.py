@@ -27,7 +27,7 @@ import numpy as np
 
 from mnistflow.core.errors import MnistflowError, fail
 from mnistflow.core.fsutil import open_regular
-from mnistflow.data.formats.raw import check_dataset_bytes
+from mnistflow.data.formats.raw import as_pixels, check_dataset_bytes
 
 _DTYPES = {0x08: np.uint8, 0x09: np.int8, 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
 GZIP_MAX_RATIO = 1032  # deflate's largest expansion (258 bytes per 2 bits, plus framing)
@@ -226,15 +226,33 @@ def _transpose_items(arr: np.ndarray, path: Path | str | ZipMember) -> None:
         arr[i:i + step] = arr[i:i + step].transpose(0, 2, 1).copy()
 
 
+def read_idx_images(path: Path | str | ZipMember, ranks: tuple[int, ...] = (3, 4), *,
+                    transpose: bool = False) -> np.ndarray:
+    """An IDX image file (``prep`` and ``predict`` both read them here) as uint8 (N, H, W) or
+    (N, H, W, C): of one of ``ranks``, at least one image, no side of size 0 (images of no
+    pixels would become records every reader refuses, or predictions made from nothing), and
+    pixels by the readers' one rule (``raw.as_pixels``: a float or wider-integer file whose
+    values are integers 0..255 is accepted; NaN, fractions such as 0..1 floats, or values
+    outside 0..255 are refused)."""
+    x = read_idx(path, transpose=transpose)
+    if x.ndim not in ranks:
+        want = " or ".join({3: "(N, H, W)", 4: "(N, H, W, C)"}[r] for r in ranks)
+        fail(path, f"expected an IDX image file {want}, got shape {x.shape}")
+    if 0 in x.shape[1:]:
+        fail(path, f"IDX images of shape {x.shape}: a side of size 0, so the images hold no pixels")
+    if not len(x):
+        fail(path, f"holds no images (shape {x.shape})")
+    return as_pixels(x, path, "image data")
+
+
 def read_idx_pair(images: Path | ZipMember, labels: Path | ZipMember, *,
                   transpose: bool = False) -> tuple[np.ndarray, np.ndarray]:
-    """Images as (N, H, W, 1) uint8 and labels as (N,) int64, checked against each other.
-    A rank-2 integer label file (QMNIST's: one row of facts per image) gives its first
-    column. ``transpose``: the images are stored transposed (EMNIST); they come out upright."""
-    x = read_idx(images, transpose=transpose)
+    """Images as (N, H, W, 1) uint8 (``read_idx_images``) and labels as (N,) int64, checked
+    against each other. A rank-2 integer label file (QMNIST's: one row of facts per image)
+    gives its first column. ``transpose``: the images are stored transposed (EMNIST); they
+    come out upright."""
+    x = read_idx_images(images, transpose=transpose)
     y = read_idx(labels)
-    if x.ndim not in (3, 4) or x.dtype != np.uint8:
-        fail(images, f"expected uint8 images of rank 3 or 4, got {x.dtype} of shape {x.shape}")
     if y.ndim == 2 and y.dtype.kind in "iu" and y.shape[1] >= 1:
         y = y[:, 0]  # QMNIST: column 0 is the class, the others its provenance
     elif y.ndim != 1:

@@ -2,8 +2,8 @@
 
 Opened with ``allow_pickle=False``: an object (pickled) array is refused. Images are
 (N, H, W) or (N, H, W, C) with C in {1, 3}; uint8, or any integer/float dtype whose values
-are all integers in 0..255. Labels are (N,) or (N, 1) integers >= 0; the classes are the values
-``y_train`` uses (``raw.from_original_labels``).
+are all integers in 0..255 (``raw.as_pixels``, the rule every reader shares). Labels are (N,)
+or (N, 1) integers >= 0; the classes are the values ``y_train`` uses (``raw.from_original_labels``).
 """
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from mnistflow.data.formats.raw import (
     MAX_CLASSES,
     RawDataset,
     RawSplit,
+    as_pixels,
     check_dataset_bytes,
     dataset_from_labels,
 )
@@ -61,20 +62,7 @@ def _as_pixels(x: np.ndarray, key: str, path: Path) -> np.ndarray:
         x = x[..., None]
     if x.ndim != 4 or x.shape[-1] not in (1, 3) or 0 in x.shape[1:]:
         fail(path, f"{key} has shape {x.shape}; expected (N, H, W) or (N, H, W, C) with C 1 or 3")
-    if x.dtype == np.uint8:
-        return x
-    if not (np.issubdtype(x.dtype, np.integer) or np.issubdtype(x.dtype, np.floating)
-            or x.dtype == np.bool_):
-        fail(path, f"{key} has dtype {x.dtype}; expected uint8 pixels")
-    if x.size:
-        if np.issubdtype(x.dtype, np.floating):
-            if not np.isfinite(x).all() or (x != np.round(x)).any():
-                hint = " (0..1 floats? multiply by 255)" if np.nanmax(x) <= 1 else ""
-                fail(path, f"{key} ({x.dtype}) holds non-integer pixel values{hint}")
-        lo, hi = x.min(), x.max()
-        if lo < 0 or hi > 255:
-            fail(path, f"{key} ({x.dtype}) holds values {lo}..{hi}, outside 0..255")
-    return x.astype(np.uint8)
+    return as_pixels(x, path, key)
 
 
 def _as_labels(y: np.ndarray, key: str, path: Path) -> np.ndarray:

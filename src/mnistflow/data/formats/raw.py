@@ -1,5 +1,11 @@
 """What every reader returns: ``RawDataset`` (uint8 NHWC arrays + labels + class names), the
-label check they share, and the limits every reader applies before it allocates.
+label check and the pixel rule they share, and the limits every reader applies before it allocates.
+
+Pixels (the one rule, :func:`as_pixels`, for every reader whose file can hold numbers other than
+uint8: npz, TFRecord int/float lists, IDX of another type, for ``prep`` and ``predict`` alike):
+integers 0..255, whatever the dtype (``12.0`` is 12). NaN or infinity, a fraction (0..1 floats
+are not read as a near-black picture: the message says to multiply by 255) or a value outside
+0..255 is one error line, never a clipped or wrapped pixel.
 
 Labels (the one place they are turned into classes: :func:`from_original_labels`): a reader
 hands over the label values as its files hold them (1..26, 0..9, 3 and 7, ...), and, when it
@@ -181,3 +187,35 @@ def check_dataset_bytes(path: Path | str, nbytes: int, limit: int | None = None)
         fail(path, f"the images would take {nbytes:,} bytes decoded, more than the "
                    f"{limit:,}-byte limit for one dataset")
 
+
+_PIXEL_CHUNK = 1 << 22  # values checked at a time: the checks' temporaries stay a few MB
+
+
+def as_pixels(x: np.ndarray, where: Path | str | None, what: str) -> np.ndarray:
+    """``x`` as uint8 pixels by the rule above (uint8 as it is, without a copy); anything else
+    is a ``MnistflowError`` naming ``where`` and ``what`` (e.g. "x_train"), without the raw
+    numpy warnings that NaN would bring. Checked a chunk at a time."""
+    x = np.asarray(x)
+    if x.dtype == np.uint8:
+        return x
+    kind = x.dtype.kind
+    if kind not in "biuf":
+        fail(where, f"{what} has dtype {x.dtype}; expected uint8 pixels")
+    dtype = x.dtype.name
+    flat = x.reshape(-1)
+    lo = hi = 0
+    for i in range(0, flat.size, _PIXEL_CHUNK):
+        c = flat[i:i + _PIXEL_CHUNK]
+        if kind == "f" and not np.isfinite(c).all():
+            fail(where, f"{what} ({dtype}) holds NaN or infinite values, not pixels 0..255")
+        clo, chi = c.min(), c.max()
+        lo, hi = (clo, chi) if i == 0 else (min(lo, clo), max(hi, chi))
+    if kind == "f":
+        for i in range(0, flat.size, _PIXEL_CHUNK):
+            c = flat[i:i + _PIXEL_CHUNK]
+            if (c != np.round(c)).any():
+                hint = " (0..1 floats? multiply by 255)" if lo >= 0 and hi <= 1 else ""
+                fail(where, f"{what} ({dtype}) holds non-integer values, not pixels 0..255{hint}")
+    if flat.size and (lo < 0 or hi > 255):
+        fail(where, f"{what} ({dtype}) holds values {lo:g}..{hi:g}, outside 0..255")
+    return x.astype(np.uint8)

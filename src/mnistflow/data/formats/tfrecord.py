@@ -32,6 +32,7 @@ from mnistflow.data.formats.raw import (
     MAX_CLASSES,
     RawDataset,
     RawSplit,
+    as_pixels,
     check_dataset_bytes,
     dataset_from_labels,
 )
@@ -393,11 +394,8 @@ def _example_image(feats: dict, image_key: str, where: str, resize: tuple[int, i
             return decode_image(raw, where, resize, max_pixels)
         pix = np.frombuffer(raw, np.uint8)
     elif kind in ("int64", "float"):
-        pix = np.asarray(vals, np.float64 if kind == "float" else np.int64)
-        if pix.size and (not np.isfinite(pix).all() or (pix != np.round(pix)).any()
-                         or pix.min() < 0 or pix.max() > 255):
-            fail(where, f"feature '{image_key}' holds values that are not pixels 0..255")
-        pix = pix.astype(np.uint8)
+        pix = as_pixels(np.asarray(vals, np.float64 if kind == "float" else np.int64), where,
+                        f"feature '{image_key}'")
     else:
         fail(where, f"feature '{image_key}' is empty")
     return _resized(pix.reshape(_raw_shape(feats, pix.size, where)), resize)
