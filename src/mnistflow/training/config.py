@@ -21,7 +21,6 @@ from mnistflow.artifacts import rundir
 from mnistflow.core import compat
 from mnistflow.core.env import env_seconds
 from mnistflow.core.errors import MnistflowError
-from mnistflow.runtime.device import PRECISIONS
 
 #: The sections of ``mnistflow train --help``, in order: name -> what they hold.
 GROUPS: dict[str, str] = {
@@ -225,7 +224,7 @@ class TrainConfig:
                         at_least=0, at_most=MAX_SEED)
     precision: str = setting(
         "auto", "precision/devices", "fp32, bf16, fp16 (CUDA) or auto (bf16 where the hardware is fast at it)",
-        choices=PRECISIONS)
+        choices=("auto", "fp32", "bf16", "fp16"))
     channels_last: bool = setting(
         False, "precision/devices", "channels-last memory layout for the model and its batches")
     device: str = setting(
