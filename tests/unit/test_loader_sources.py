@@ -123,3 +123,7 @@ def test_bad_batch_size_is_a_clear_error(rec):
 
     with pytest.raises(MnistflowError, match="batch size must be positive"):
         make_loader(rec, "val", batch_size=0)
+    for bad in (2.5, "64", True, -1):  # the API's evaluate(batch_size=...) reaches here unchecked
+        with pytest.raises(MnistflowError, match=r"batch size must be positive \(an integer\), got "):
+            make_loader(rec, "val", batch_size=bad)
+    assert make_loader(rec, "val", batch_size=np.int64(7)).batch_size == 7

@@ -15,6 +15,8 @@ the epoch and the step within it.
 """
 from __future__ import annotations
 
+import numbers
+
 import queue
 import threading
 import time
@@ -118,8 +120,8 @@ class Loader:
                  seed: int = 0, drop_last: bool = False, rank: int = 0, world_size: int = 1,
                  channels_last: bool = False, augment: bool | str | None = None,
                  dtype: torch.dtype = torch.float32, pad: bool = True):
-        if batch_size <= 0:
-            raise MnistflowError(f"batch size must be positive, got {batch_size}")
+        if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral) or batch_size <= 0:
+            raise MnistflowError(f"batch size must be positive (an integer), got {str(batch_size)[:40]}")
         self.device = torch.device(device)
         self.y_np = np.asarray(y)
         self.n = len(self.y_np)
