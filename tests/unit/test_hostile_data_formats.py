@@ -437,3 +437,21 @@ def test_s2_d8_a_float_idx_image_file_follows_the_same_rule(tmp_path):
             warnings.simplefilter("error")
             with pytest.raises(MnistflowError, match=f"{p}: image data \\(float32\\) holds .*{message}"):
                 idx.read_idx_images(p)
+
+
+def test_prep_resize_box_reduces_a_huge_picture_first(tmp_path, monkeypatch):
+    """An image folder's --resize takes the shrink step predict and the server take: a 15 KB
+    PNG of 16,000,000x1 pixels resized straight to 28x28 built ~260 MB of filter tables."""
+    from PIL import Image
+
+    from mnistflow.data.formats import folder
+
+    Image.new("L", (4000, 3), 200).save(tmp_path / "wide.png")
+    sides = []
+    real = folder.shrink
+    monkeypatch.setattr(folder, "shrink", lambda im, side: sides.append((im.size, side)) or real(im, side))
+    a = folder.decode_image(tmp_path / "wide.png", "wide.png", (28, 28))
+    assert a.shape == (28, 28, 1) and sides == [((4000, 3), 1024)]
+    assert real(Image.new("L", (4000, 3)), 1024).size == (1000, 1)
+    folder.decode_image(tmp_path / "wide.png", "wide.png", (2048, 2048))  # a larger target keeps its detail
+    assert sides[-1] == ((4000, 3), 2048)

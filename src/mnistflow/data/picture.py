@@ -17,31 +17,15 @@ with the reduction ratio (a 15 KB PNG of 16,000,000x1 pixels took over 1 GB in `
 """
 from __future__ import annotations
 
-import math
 import os
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from mnistflow.core.errors import fail
-from mnistflow.data.formats.image import MAX_PIXELS, open_picture
-
-if TYPE_CHECKING:  # Pillow is imported where it is used (a CLI that never decodes skips it)
-    from PIL import Image
+from mnistflow.data.formats.image import MAX_PIXELS, WORK_SIDE, open_picture, shrink
 
 __all__ = ["MAX_PIXELS", "WORK_SIDE", "open_picture", "read_picture", "shrink", "to_model_input",
            "mnist_style", "flatten_alpha", "invert_for", "needs_invert"]
-
-WORK_SIDE = 1024  # the most pixels a side a picture keeps before it is resized (``shrink``)
-
-
-def shrink(im: Image.Image, side: int = WORK_SIDE) -> Image.Image:
-    """``im`` box-reduced by a whole factor to at most ``side`` pixels a side (``im`` itself
-    when it is no larger), so that every later step costs what a ``side``-pixel picture does
-    whatever the picture's size or aspect ratio. A box filter's cost does not grow with the
-    factor, unlike LANCZOS's tables; what is lost is detail a 28x28 input cannot show anyway."""
-    longest = max(im.size)
-    return im if longest <= side else im.reduce(math.ceil(longest / side))
 
 
 def read_picture(path: str | os.PathLike, max_pixels: int | None = None) -> np.ndarray:

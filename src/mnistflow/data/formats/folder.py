@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from mnistflow.core.errors import MnistflowError, fail
-from mnistflow.data.formats.image import open_picture
+from mnistflow.data.formats.image import WORK_SIDE, open_picture, shrink
 from mnistflow.data.formats.raw import (
     RawDataset,
     RawSplit,
@@ -55,8 +55,8 @@ def decode_image(src: bytes | Path, where: str | os.PathLike,
             mode = "L" if img.mode in _GREY_MODES else "RGB"
             if img.mode != mode:
                 img = img.convert(mode)
-            if resize is not None:
-                img = img.resize((resize[1], resize[0]), _resample())
+            if resize is not None:  # box-reduced first: the resize's filter tables stay small
+                img = shrink(img, max(WORK_SIDE, *resize)).resize((resize[1], resize[0]), _resample())
             arr = np.asarray(img, dtype=np.uint8)
     except MnistflowError:
         raise

@@ -9,12 +9,16 @@ from __future__ import annotations
 
 import contextlib
 import io
+import math
 import os
 import warnings
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 from mnistflow.core.errors import MnistflowError, fail
 from mnistflow.core.fsutil import open_regular
+
+if TYPE_CHECKING:  # Pillow is imported where it is used
+    from PIL import Image
 
 MAX_PIXELS = 4096 * 4096
 
@@ -46,3 +50,15 @@ def open_picture(src: bytes | os.PathLike | str, where: str | os.PathLike,
             fail(where, f"image is {w}x{h} = {w * h:,} pixels, more than the limit of {limit:,} "
                         "(--max-pixels raises it)")
         yield img
+
+
+WORK_SIDE = 1024  # the most pixels a side a picture keeps before it is resized (``shrink``)
+
+
+def shrink(im: Image.Image, side: int = WORK_SIDE) -> Image.Image:
+    """``im`` box-reduced by a whole factor to at most ``side`` pixels a side (``im`` itself
+    when it is no larger), so that every later step costs what a ``side``-pixel picture does
+    whatever the picture's size or aspect ratio. A box filter's cost does not grow with the
+    factor, unlike LANCZOS's tables; what is lost is detail a 28x28 input cannot show anyway."""
+    longest = max(im.size)
+    return im if longest <= side else im.reduce(math.ceil(longest / side))
