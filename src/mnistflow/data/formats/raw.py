@@ -24,6 +24,7 @@ memory is taken):
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -203,19 +204,17 @@ def as_pixels(x: np.ndarray, where: Path | str | None, what: str) -> np.ndarray:
         fail(where, f"{what} has dtype {x.dtype}; expected uint8 pixels")
     dtype = x.dtype.name
     flat = x.reshape(-1)
-    lo = hi = 0
-    for i in range(0, flat.size, _PIXEL_CHUNK):
+    lo, hi, fraction = math.inf, -math.inf, False
+    for i in range(0, flat.size, _PIXEL_CHUNK):  # one pass; NaN stops it, a fraction is told after
         c = flat[i:i + _PIXEL_CHUNK]
-        if kind == "f" and not np.isfinite(c).all():
-            fail(where, f"{what} ({dtype}) holds NaN or infinite values, not pixels 0..255")
-        clo, chi = c.min(), c.max()
-        lo, hi = (clo, chi) if i == 0 else (min(lo, clo), max(hi, chi))
-    if kind == "f":
-        for i in range(0, flat.size, _PIXEL_CHUNK):
-            c = flat[i:i + _PIXEL_CHUNK]
-            if (c != np.round(c)).any():
-                hint = " (0..1 floats? multiply by 255)" if lo >= 0 and hi <= 1 else ""
-                fail(where, f"{what} ({dtype}) holds non-integer values, not pixels 0..255{hint}")
+        if kind == "f":
+            if not np.isfinite(c).all():
+                fail(where, f"{what} ({dtype}) holds NaN or infinite values, not pixels 0..255")
+            fraction = fraction or bool((c != np.round(c)).any())
+        lo, hi = min(lo, c.min()), max(hi, c.max())
+    if fraction:
+        hint = " (0..1 floats? multiply by 255)" if lo >= 0 and hi <= 1 else ""
+        fail(where, f"{what} ({dtype}) holds non-integer values, not pixels 0..255{hint}")
     if flat.size and (lo < 0 or hi > 255):
         fail(where, f"{what} ({dtype}) holds values {lo:g}..{hi:g}, outside 0..255")
     return x.astype(np.uint8)
