@@ -24,7 +24,8 @@ import torch
 import torch.nn as nn
 
 from mnistflow.artifacts.load import load_any
-from mnistflow.artifacts.model_file import META_KEY, ModelInfo, unwrap
+from mnistflow.artifacts.model_file import unwrap
+from mnistflow.artifacts.model_info import META_KEY, ModelInfo
 from mnistflow.artifacts.npz import globs, selected, write_npz
 from mnistflow.artifacts.onnx import OnnxBackend, quiet_exporter, session, to_onnx
 from mnistflow.artifacts.rundir import CHECKPOINTS, RunDir

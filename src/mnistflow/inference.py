@@ -10,7 +10,7 @@ checkpoint, an npz (with the model name) or an ONNX file (run in onnxruntime on 
 Both speak the data's own labels: a model trained on labels 1..26 predicts "label" 1..26 (its
 output index is "index"), and eval's per-class table and confusion matrix list 1..26 (their
 names, a..z, when the dataset has them). Records whose classes differ from the model's are
-mapped onto its outputs by label value (``model_file.outputs_of_records``).
+mapped onto its outputs by label value (``model_info.outputs_of_records``).
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from mnistflow.artifacts.load import load_any
-from mnistflow.artifacts.model_file import ModelInfo, outputs_of_records
+from mnistflow.artifacts.model_info import ModelInfo, outputs_of_records
 from mnistflow.artifacts.onnx import OnnxBackend
 from mnistflow.artifacts.predictor import as_predictor, predict_arrays
 from mnistflow.artifacts.rundir import SUMMARY

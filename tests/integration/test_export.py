@@ -161,7 +161,7 @@ def test_safetensors_from_a_checkpoint_and_predict_on_every_format(trained, tmp_
 
 @pytest.mark.parametrize("name", list_models())
 def test_every_registered_model_exports_to_onnx_with_a_dynamic_batch(name):
-    from mnistflow.artifacts.model_file import ModelInfo
+    from mnistflow.artifacts.model_info import ModelInfo
     from mnistflow.artifacts.onnx import session, to_onnx
 
     torch.manual_seed(0)

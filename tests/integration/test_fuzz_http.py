@@ -28,7 +28,7 @@ pytest.importorskip("starlette")
 pytest.importorskip("httpx")  # starlette's TestClient
 
 from helpers.fuzz import FUZZ, mutated
-from mnistflow.artifacts.model_file import ModelInfo
+from mnistflow.artifacts.model_info import ModelInfo
 from mnistflow.models import create_model
 from mnistflow.server import create_app
 from mnistflow.server.guard import BadInput, Limits

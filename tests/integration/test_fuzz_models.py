@@ -31,7 +31,8 @@ from hypothesis import strategies as st
 from helpers.fuzz import FUZZ, mutated
 from mnistflow.artifacts import checkpoint
 from mnistflow.artifacts.load import load_any
-from mnistflow.artifacts.model_file import ModelInfo, save_model
+from mnistflow.artifacts.model_file import save_model
+from mnistflow.artifacts.model_info import ModelInfo
 from mnistflow.artifacts.npz import load_npz_into, write_npz
 from mnistflow.core.errors import MnistflowError
 from mnistflow.models import create_model

@@ -27,7 +27,7 @@ from helpers.serving import uvicorn_thread
 
 pytest.importorskip("uvicorn")
 
-from mnistflow.artifacts.model_file import ModelInfo  # noqa: E402
+from mnistflow.artifacts.model_info import ModelInfo  # noqa: E402
 from mnistflow.models import create_model  # noqa: E402
 from mnistflow.server import create_app  # noqa: E402
 from mnistflow.server.guard import LOCAL_HOSTS, Limits, server_config  # noqa: E402

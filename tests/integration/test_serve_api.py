@@ -233,7 +233,7 @@ def test_preprocess_query_none_needs_model_size(client):
 @pytest.mark.parametrize("in_shape,mode", [((3, 32, 32), "resize"), ((1, 32, 32), "mnist")])
 def test_colour_and_32x32_models(in_shape, mode):
     """Any model mnistflow trains: the input is prepared at its size and channel count."""
-    from mnistflow.artifacts.model_file import ModelInfo
+    from mnistflow.artifacts.model_info import ModelInfo
     from mnistflow.models import create_model
     from mnistflow.server import create_app
     from mnistflow.server.predictor import TorchBackend

@@ -11,8 +11,8 @@ import torch.nn as nn
 from safetensors.torch import save_file
 
 from mnistflow.artifacts.load import load_any
-from mnistflow.artifacts.model_file import (ModelInfo, build_model, load_model, load_weights,
-                                            save_model)
+from mnistflow.artifacts.model_file import build_model, load_model, load_weights, save_model
+from mnistflow.artifacts.model_info import ModelInfo
 from mnistflow.artifacts.npz import NPZ_META_KEY, load_npz_into, read_npz, write_npz
 from mnistflow.artifacts.rundir import RunDir
 from mnistflow.core.errors import MnistflowError

@@ -18,7 +18,8 @@ from safetensors.torch import save_file
 from helpers.blocking import deadline
 from mnistflow.artifacts import checkpoint
 from mnistflow.artifacts.load import load_any
-from mnistflow.artifacts.model_file import MAX_MODEL_BYTES, ModelInfo, save_model, validate_info
+from mnistflow.artifacts.model_file import MAX_MODEL_BYTES, save_model
+from mnistflow.artifacts.model_info import ModelInfo, check_model_info
 from mnistflow.artifacts.npz import read_npz, write_npz
 from mnistflow.core.errors import MnistflowError
 from mnistflow.models import create_model
@@ -129,10 +130,10 @@ def test_safetensors_header_length_is_checked_first(tmp_path):
         load_any(path)
 
 
-def test_validate_info_round_trips_what_training_writes():
-    assert validate_info(json.loads(INFO.to_json())) == INFO
+def test_check_model_info_round_trips_what_training_writes():
+    assert check_model_info(json.loads(INFO.to_json())) == INFO
     with pytest.raises(MnistflowError, match="invalid mnistflow metadata: missing model"):
-        validate_info({})
+        check_model_info({})
 
 
 # --- npz (D16) ----------------------------------------------------------------------------

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 from helpers.images import bomb_png
 
-from mnistflow.artifacts.model_file import ModelInfo, save_model
+from mnistflow.artifacts.model_file import save_model
+from mnistflow.artifacts.model_info import ModelInfo
 from mnistflow.core.errors import MnistflowError
 from mnistflow.inference import predict
 from mnistflow.models import create_model

@@ -15,14 +15,8 @@ import pytest
 import torch
 from helpers.synthetic import prototypes
 
-from mnistflow.artifacts.model_file import (
-    META_KEY,
-    ModelInfo,
-    info_from_records,
-    load_model,
-    save_model,
-    validate_info,
-)
+from mnistflow.artifacts.model_file import load_model, save_model
+from mnistflow.artifacts.model_info import META_KEY, ModelInfo, check_model_info, info_from_records
 from mnistflow.core.errors import MnistflowError
 from mnistflow.data.formats.raw import (
     RawSplit,
@@ -249,10 +243,10 @@ def test_an_old_model_file_without_label_values_predicts_its_output_index(tmp_pa
 
 def test_model_info_refuses_label_values_that_do_not_fit_its_classes():
     good = json.loads(ModelInfo("softmax", [1, 28, 28], ["a", "b"], [0.0], [1.0], label_values=[1, 2]).to_json())
-    assert validate_info(good).values == [1, 2]
+    assert check_model_info(good).values == [1, 2]
     for bad in ([1], [1, 1], [1, -2], [1, "2"], "12"):
         with pytest.raises(MnistflowError, match="label_values must be 2 distinct"):
-            validate_info({**good, "label_values": bad})
+            check_model_info({**good, "label_values": bad})
 
 
 # --- predict, eval, report and server speak the original values -----------------------------
@@ -352,7 +346,7 @@ def test_records_shows_each_class_with_its_counts_per_split(tmp_path, capsys):
 def test_records_whose_classes_are_named_otherwise_are_matched_by_value_with_a_warning(tmp_path):
     """eval of a letters model on records whose labels 1.. are named otherwise (cat, dog, ...)
     matched them by label value without a word."""
-    from mnistflow.artifacts.model_file import outputs_of_records
+    from mnistflow.artifacts.model_info import outputs_of_records
     from mnistflow.core import log
 
     letters = _records(tmp_path, list(range(1, 27)), LETTERS, out="letters")

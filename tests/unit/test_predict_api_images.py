@@ -12,7 +12,8 @@ import torch
 from PIL import Image
 
 import mnistflow
-from mnistflow.artifacts.model_file import ModelInfo, save_model
+from mnistflow.artifacts.model_file import save_model
+from mnistflow.artifacts.model_info import ModelInfo
 from mnistflow.core.errors import MnistflowError
 from mnistflow.models import create_model
 

@@ -2,7 +2,8 @@
 
     rundir      the run directory's layout (config.toml, metrics.jsonl, summary.json, tb/, ...)
     checkpoint  the checkpoint file format (a torch.save zip, checksummed) and keep-N rotation
-    model_file  ModelInfo, model.safetensors, rebuilding a model, the one strict weight loader
+    model_info  ModelInfo (what a saved model says about itself) and its check when read back
+    model_file  model.safetensors, rebuilding a model, the one strict weight loader
     npz         parameters by name as .npz (export, --init-from)
     onnx        ONNX bytes from a model, the onnxruntime session, the ONNX predictor backend
     predictor   uint8 images -> class probabilities, for PyTorch and ONNX alike

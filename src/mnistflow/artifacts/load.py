@@ -20,8 +20,8 @@ import torch
 import torch.nn as nn
 
 from mnistflow.artifacts import checkpoint
-from mnistflow.artifacts.model_file import MAX_MODEL_BYTES, MODEL_FILE, ModelInfo, build_model, info_from_dict, \
-    info_from_records, load_model, load_weights
+from mnistflow.artifacts.model_file import MAX_MODEL_BYTES, MODEL_FILE, build_model, load_model, load_weights
+from mnistflow.artifacts.model_info import ModelInfo, check_model_info, info_from_records
 from mnistflow.artifacts.npz import as_tensors, read_npz
 from mnistflow.artifacts.onnx import OnnxBackend, load_onnx
 from mnistflow.artifacts.rundir import RunDir
@@ -38,7 +38,7 @@ def load_checkpoint_model(path: str | Path, device: torch.device | str = "cpu",
     payload = checkpoint.load(p)
     if not payload.get("model_info"):
         raise MnistflowError("checkpoint has no model information", p)
-    info = info_from_dict(payload["model_info"], p)
+    info = check_model_info(payload["model_info"], p)
     if model_name:
         info.model = model_name
     weights = payload["model"]

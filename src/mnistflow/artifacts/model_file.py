@@ -1,17 +1,13 @@
-"""The trained model on disk: ``model.safetensors`` (weights plus what is needed to use them),
-how a model is rebuilt from that description, and the ONE strict weight loader.
+"""The trained model on disk: ``model.safetensors`` (weights plus their ``ModelInfo``), how a
+model is rebuilt from its info, and the ONE strict weight loader.
 
     from mnistflow.artifacts.model_file import load_model, save_model
     model, info = load_model("runs/fast-1")            # eval mode, ready for inference
 
-``model.safetensors`` carries, in its metadata, the model name (or spec), input shape, class
-names, the original label value of each output (``label_values``: labels 1..26 are outputs
-0..25) and the normalization of its training data, so eval / predict / serve need nothing else.
-A file written before ``label_values`` existed reads as outputs 0..K-1 = labels 0..K-1.
-A user's own model (not registered by name) also records ``factory`` ("pkg.module:qualname")
-and ``factory_kwargs``: loading imports that module (``artifacts.factory``; never a file inside the
-run directory or next to the model file) and calls the factory. Nothing stored in the file is
-ever executed.
+What the info holds and how it is checked is ``artifacts.model_info``. A user's own model (not
+registered by name) is rebuilt by importing its recorded ``factory`` ("pkg.module:qualname")
+and calling it with ``factory_kwargs``: never from a file inside the run directory or next to
+the model file (:func:`import_factory`). Nothing stored in the file is ever executed.
 
 Every path that puts saved weights into a model (model files, checkpoints, npz, resume) goes
 through :func:`load_weights`: missing or unexpected names and shape mismatches are one clear
@@ -19,89 +15,22 @@ through :func:`load_weights`: missing or unexpected names and shape mismatches a
 """
 from __future__ import annotations
 
-import json
-import math
+import importlib
+import importlib.util
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable, Mapping, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
 import torch
 import torch.nn as nn
 
-from mnistflow.artifacts.factory import import_factory
+from mnistflow.artifacts.model_info import META_KEY, ModelInfo, info_from_json
 from mnistflow.artifacts.rundir import MODEL, RunDir
 from mnistflow.core.errors import MnistflowError
 from mnistflow.core.fsutil import atomic_write_bytes, open_regular
-from mnistflow.core.log import warn
-from mnistflow.data.formats.raw import MAX_CLASSES  # as the record readers' label cap
-
-if TYPE_CHECKING:
-    from mnistflow.data.records import Records
 
 MODEL_FILE = MODEL  # the run directory's model file name (``artifacts.rundir``)
-META_KEY = "mnistflow"  # the metadata entry (safetensors, ONNX) holding the ModelInfo JSON
-
-
-@dataclass
-class ModelInfo:
-    """What a saved model needs to be used: how to rebuild it, its input, its classes."""
-
-    model: str  # registered name or layer spec (or a label for a user's model)
-    in_shape: list[int]  # (C, H, W)
-    class_names: list[str]
-    mean: list[float]  # per channel, 0..255 units
-    std: list[float]
-    dataset: str = ""
-    records: str | None = None
-    metrics: dict = field(default_factory=dict)
-    factory: str = ""  # "pkg.module:qualname" of a user's model class / factory
-    factory_kwargs: dict = field(default_factory=dict)  # its keyword arguments (plain JSON)
-    label_values: list[int] | None = None  # output i is label label_values[i]; None: 0..K-1
-
-    @property
-    def num_classes(self) -> int:
-        return len(self.class_names)
-
-    @property
-    def values(self) -> list[int]:
-        """The original label value of each output, in output order."""
-        return list(self.label_values) if self.label_values is not None else list(range(self.num_classes))
-
-    def label(self, index: int) -> int:
-        """The original label value of output ``index`` (what users see as the class id)."""
-        return int(self.label_values[index]) if self.label_values is not None else int(index)
-
-    def outputs_for(self, values: Sequence[int], where: str | Path | None = None,
-                    present: Sequence[bool] | None = None) -> list[int]:
-        """For a record set's classes (their label ``values``, in its class-index order), the
-        output of this model for each: what maps the record set's labels onto the model's
-        outputs. A class the model has no output for is an error naming it, unless
-        ``present`` says the data holds no image of it (it maps to -1 then)."""
-        mine = {v: i for i, v in enumerate(self.values)}
-        out = []
-        for j, v in enumerate(values):
-            i = mine.get(int(v), -1)
-            if i < 0 and (present is None or present[j]):
-                raise MnistflowError(f"the data has class {int(v)}, which the model "
-                                     f"({info_label(self)}) was not trained on: it predicts labels "
-                                     f"{_span(self.values)}", where)
-            out.append(i)
-        return out
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self))
-
-
-def _span(values: Sequence[int]) -> str:
-    vals = list(values)
-    if len(vals) > 2 and vals == list(range(vals[0], vals[0] + len(vals))):
-        return f"{vals[0]}..{vals[-1]}"
-    return ", ".join(map(str, vals[:8])) + (", ..." if len(vals) > 8 else "")
-
-
-def info_label(info: ModelInfo) -> str:
-    return f"{info.model}{' on ' + info.dataset if info.dataset else ''}"
 
 
 def unwrap(model: nn.Module) -> nn.Module:
@@ -211,6 +140,69 @@ def load_weights(model: nn.Module, weights: Mapping[str, torch.Tensor],
 
 # --- rebuilding a model from its description -----------------------------------------------
 
+# A user's model class or factory is imported by its ``package.module:qualname``; never from the
+# run directory or the saved model's folder, since saved files must not run code.
+
+def _is_within(path: Path, folder: Path) -> bool:
+    try:
+        path.resolve().relative_to(folder.resolve())
+        return True
+    except (ValueError, OSError):
+        return False
+
+
+def _forbidden_dirs(source: str | Path | None) -> list[Path]:
+    """Where a factory's code must not come from: the saved file's folder and its run."""
+    if source is None:
+        return []
+    p = Path(source)
+    folder = p if p.is_dir() else p.parent
+    run = RunDir.of_checkpoint(p)
+    return [folder] + ([run.path] if run is not None else [])
+
+
+def import_factory(spec: str, source: str | Path | None) -> Callable:
+    """The callable named by ``pkg.module:qualname``, imported with importlib; refused when its
+    code would come from the run directory or the saved model's folder."""
+    mod_name, sep, qualname = spec.partition(":")
+    if not sep or not mod_name or not qualname or any(not part.isidentifier()
+                                                      for part in mod_name.split(".") + qualname.split(".")):
+        raise MnistflowError(f"model factory '{spec}' is not of the form 'package.module:name'", source)
+    forbidden = _forbidden_dirs(source)
+
+    def check(origin: str | None, locations: Iterable[str] = ()) -> None:
+        for where in [origin, *locations]:
+            if where and any(_is_within(Path(where), d) for d in forbidden):
+                raise MnistflowError(f"refused: the model factory '{spec}' would be imported from "
+                                     f"{where}, inside the run directory or next to the model file "
+                                     "(saved files never run code; install the module or put it "
+                                     "on PYTHONPATH elsewhere)", source)
+
+    top = mod_name.split(".")[0]
+    try:
+        found = importlib.util.find_spec(top)  # locating a top-level module executes nothing
+    except (ImportError, ValueError):
+        found = None
+    if found is None:
+        raise MnistflowError(f"cannot rebuild the model: its module '{mod_name}' is not importable "
+                             f"(factory '{spec}'; install it or add it to PYTHONPATH)", source)
+    check(found.origin, found.submodule_search_locations or ())
+    try:
+        module = importlib.import_module(mod_name)
+    except ImportError as e:
+        raise MnistflowError(f"cannot import '{mod_name}' for the model factory '{spec}' ({e})",
+                             source) from None
+    check(getattr(module, "__file__", None))
+    obj = module
+    for part in qualname.split("."):
+        obj = getattr(obj, part, None)
+        if obj is None:
+            raise MnistflowError(f"'{mod_name}' has no '{qualname}' (model factory '{spec}')", source)
+    if not callable(obj):
+        raise MnistflowError(f"model factory '{spec}' is not callable", source)
+    return obj
+
+
 def check_planned(info: ModelInfo, shapes: Mapping[str, Sequence[int]],
                   source: str | Path | None = None) -> None:
     """Refuse weights of ``shapes`` (name -> shape, as a file declares them) that do not fit the
@@ -288,119 +280,6 @@ def resolve_model_path(path: str | Path) -> Path:
     return p
 
 
-# Limits a model file's description must respect; anything beyond is what only a hostile or
-# corrupt file would declare, and is refused before any memory is sized from it.
-MAX_META_CHARS = 16 * 1024 * 1024  # the metadata JSON
-MAX_CLASS_NAME = 1_000  # characters
-MAX_CHANNELS = 64
-MAX_INPUT_VALUES = 1 << 24  # C * H * W of one input image
-MAX_MODEL_NAME = 10_000  # characters of a name or layer spec
-_REQUIRED = ("model", "in_shape", "class_names", "mean", "std")
-
-
-def _is_int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _is_number(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
-def validate_info(d: object, where: str | Path | None = None) -> ModelInfo:
-    """A ``ModelInfo`` from its dict form, every field checked for type, range and consistency
-    (in_shape of 3 positive ints within ``MAX_INPUT_VALUES``, 1..``MAX_CLASSES`` class names,
-    one finite mean and positive std per channel). Unknown keys (a newer mnistflow's) are
-    ignored; anything else wrong is one ``MnistflowError``."""
-    def bad(why: str) -> MnistflowError:
-        return MnistflowError(f"invalid mnistflow metadata: {why}", where)
-
-    if not isinstance(d, dict):
-        raise bad(f"expected a JSON object, got {type(d).__name__}")
-    missing = [k for k in _REQUIRED if k not in d]
-    if missing:
-        raise bad(f"missing {', '.join(missing)}")
-    model = d["model"]
-    if not isinstance(model, str) or not model.strip() or len(model) > MAX_MODEL_NAME:
-        raise bad(f"model must be a non-empty name of at most {MAX_MODEL_NAME:,} characters")
-    shape = d["in_shape"]
-    if not (isinstance(shape, list) and len(shape) == 3 and all(_is_int(v) and v > 0 for v in shape)):
-        raise bad(f"in_shape must be 3 positive integers (C, H, W), got {str(shape)[:80]}")
-    c, h, w = shape
-    if c > MAX_CHANNELS or c * h * w > MAX_INPUT_VALUES:
-        raise bad(f"in_shape {c}x{h}x{w} is too large (at most {MAX_CHANNELS} channels and "
-                  f"{MAX_INPUT_VALUES:,} values per image)")
-    names = d["class_names"]
-    if not isinstance(names, list) or not 1 <= len(names) <= MAX_CLASSES:
-        raise bad(f"class_names must be a list of 1 to {MAX_CLASSES:,} names"
-                  + (f", got {len(names):,}" if isinstance(names, list) else ""))
-    if not all(isinstance(n, str) and len(n) <= MAX_CLASS_NAME for n in names):
-        raise bad(f"class_names must be strings of at most {MAX_CLASS_NAME:,} characters")
-    for key in ("mean", "std"):
-        v = d[key]
-        if not (isinstance(v, list) and len(v) == c and all(_is_number(x) for x in v)):
-            raise bad(f"{key} must be {c} finite number(s), one per channel, got {str(v)[:80]}")
-    if any(x <= 0 for x in d["std"]):
-        raise bad("std must be positive")
-    for key, kinds in (("dataset", (str,)), ("records", (str, type(None))), ("metrics", (dict,)),
-                       ("factory", (str,)), ("factory_kwargs", (dict,))):
-        if key in d and not isinstance(d[key], kinds):
-            raise bad(f"{key} has the wrong type ({type(d[key]).__name__})")
-    values = d.get("label_values")
-    if values is not None and not (isinstance(values, list) and len(values) == len(names)
-                                   and all(_is_int(v) and v >= 0 for v in values)
-                                   and len(set(values)) == len(values)):
-        raise bad(f"label_values must be {len(names)} distinct non-negative integers, one per "
-                  "class name")
-    fields = {k: v for k, v in d.items() if k in ModelInfo.__dataclass_fields__}
-    fields.update(in_shape=list(shape), mean=[float(x) for x in d["mean"]],
-                  std=[float(x) for x in d["std"]])
-    return ModelInfo(**fields)
-
-
-def info_from_dict(d: dict, where: str | Path) -> ModelInfo:
-    """A ModelInfo from its dict form, validated (``validate_info``); unknown keys (a newer
-    mnistflow's) are ignored and files from before ``factory`` existed get its defaults."""
-    return validate_info(d, where)
-
-
-def info_from_json(text: str, where: str | Path) -> ModelInfo:
-    """A ModelInfo from its JSON (see ``validate_info``), refused past ``MAX_META_CHARS``."""
-    if not isinstance(text, str) or len(text) > MAX_META_CHARS:
-        raise MnistflowError(f"unreadable mnistflow metadata (not text of at most "
-                             f"{MAX_META_CHARS:,} characters)", where)
-    try:
-        d = json.loads(text)
-    except (ValueError, RecursionError) as e:
-        raise MnistflowError(f"unreadable mnistflow metadata ({e.__class__.__name__}: "
-                             f"{str(e)[:120]})", where) from None
-    return validate_info(d, where)
-
-
-def info_from_records(model: str, rec: Records, metrics: dict | None = None) -> ModelInfo:
-    """What a model trained on the record set ``rec`` needs to be used."""
-    h, w, c = rec.shape
-    return ModelInfo(model=model, in_shape=[c, h, w], class_names=rec.class_names, mean=rec.mean,
-                     std=rec.std, dataset=rec.name, records=str(Path(rec.path).resolve()),
-                     metrics=dict(metrics or {}), label_values=list(rec.label_values))
-
-
-def outputs_of_records(info: ModelInfo, rec: Records, split: str) -> list[int] | None:
-    """For each class of the record set ``rec`` (by its class index), the model's output for
-    it, or None when they are the same (a model evaluated on its own kind of records). A
-    class that ``split`` holds images of and the model has no output for is an error."""
-    values = list(rec.label_values)
-    named = dict(zip(info.values, info.class_names))  # the model's name of each label value
-    other = [(v, n, named[v]) for v, n in zip(values, rec.class_names) if v in named and named[v] != n]
-    if other:  # (cat/dog records against a digits model: label 0 is 'cat' there, '0' here)
-        v, theirs, mine = other[0]
-        warn(f"{rec.path}: its classes are named otherwise than the model's ({len(other)} of them, e.g. "
-             f"label {v}: '{theirs}' there, '{mine}' in the model); they are matched by label value")
-    if values == info.values:
-        return None
-    present = (rec.class_counts(split) > 0).tolist()
-    return info.outputs_for(values, rec.path, present)
-
-
 MAX_HEADER_BYTES = 64 * 1024 * 1024  # a safetensors JSON header (names, shapes, metadata)
 # The largest model file read (model.safetensors, .onnx, the weights in a checkpoint): its
 # tensors are read whole, so this bounds the memory one takes. mnistflow's largest registered
@@ -465,7 +344,7 @@ def read_model_file(path: str | Path) -> tuple[dict[str, torch.Tensor], ModelInf
 def load_model(path: str | Path, device: torch.device | str = "cpu") -> tuple[nn.Module, ModelInfo]:
     """A model ready for inference (eval mode) from a run directory or a .safetensors file.
 
-    Validated before anything is allocated: the header size, the metadata (``validate_info``)
+    Validated before anything is allocated: the header size, the metadata (``check_model_info``)
     and the declared tensor shapes against the model it describes (``check_planned``)."""
     p = resolve_model_path(path)
     shapes, info = _open_model_file(p)

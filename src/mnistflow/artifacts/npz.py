@@ -22,8 +22,8 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from mnistflow.artifacts.model_file import MAX_META_CHARS, ModelInfo, WeightsFit, check_fit, check_values, \
-    unwrap, validate_info
+from mnistflow.artifacts.model_file import WeightsFit, check_fit, check_values, unwrap
+from mnistflow.artifacts.model_info import MAX_META_CHARS, ModelInfo, check_model_info
 from mnistflow.core.errors import MnistflowError, display
 from mnistflow.core.fsutil import atomic_write_bytes, regular_file
 
@@ -136,7 +136,7 @@ def read_npz(path: str | Path) -> tuple[dict[str, np.ndarray], ModelInfo | None]
             raise MnistflowError(f"unreadable '{NPZ_META_KEY}' entry ({e.__class__.__name__})", p) from None
         if not isinstance(meta, dict):
             raise MnistflowError(f"'{NPZ_META_KEY}' entry is not a JSON object", p)
-        info = validate_info(meta.get("info", {}), p)
+        info = check_model_info(meta.get("info", {}), p)
     return arrays, info
 
 

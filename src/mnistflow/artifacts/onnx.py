@@ -25,7 +25,8 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from mnistflow.artifacts.model_file import MAX_MODEL_BYTES, META_KEY, ModelInfo, info_from_json, unwrap
+from mnistflow.artifacts.model_file import MAX_MODEL_BYTES, unwrap
+from mnistflow.artifacts.model_info import META_KEY, ModelInfo, info_from_json
 from mnistflow.core.errors import MnistflowError, import_optional
 from mnistflow.core.fsutil import regular_file
 from mnistflow.data.normalize import normalize_np

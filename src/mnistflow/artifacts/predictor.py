@@ -13,7 +13,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from mnistflow.artifacts.model_file import ModelInfo
+from mnistflow.artifacts.model_info import ModelInfo
 from mnistflow.artifacts.onnx import OnnxBackend
 
 

@@ -138,7 +138,7 @@ def predict_split(run_dir: str | Path, *, data: str | Path | None = None, device
     """The model of ``run_dir`` on the test split (else validation) of its records, per image;
     ``data`` (records or raw input) replaces the records the model was trained on."""
     from mnistflow.artifacts.load import load_any
-    from mnistflow.artifacts.model_file import outputs_of_records
+    from mnistflow.artifacts.model_info import outputs_of_records
     from mnistflow.artifacts.predictor import as_predictor
     from mnistflow.data import open_data
     from mnistflow.runtime.cpu import set_threads

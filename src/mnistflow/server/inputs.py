@@ -23,7 +23,7 @@ import json
 
 import numpy as np
 
-from mnistflow.artifacts.model_file import ModelInfo
+from mnistflow.artifacts.model_info import ModelInfo
 from mnistflow.server.guard import MAX_BODY, BadInput, Limits, body_kind
 
 __all__ = ["BadInput", "MAX_BODY", "MAX_SIDE", "decode_image", "parse_json", "to_input", "is_json"]

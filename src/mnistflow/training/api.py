@@ -181,7 +181,8 @@ def cannot_rebuild(record: dict, model: nn.Module) -> str | None:
     """Why the recorded factory would NOT rebuild ``model`` in another process (None: it
     would): rebuilt here the way ``eval``/``serve`` rebuild it, its state_dict must have the
     same names and shapes."""
-    from mnistflow.artifacts.model_file import ModelInfo, build_model, check_fit
+    from mnistflow.artifacts.model_file import build_model, check_fit
+    from mnistflow.artifacts.model_info import ModelInfo
 
     factory, kwargs = record["factory"], dict(record["kwargs"])
     module, _, qualname = factory.partition(":")

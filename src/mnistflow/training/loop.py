@@ -39,7 +39,8 @@ import torch
 
 from mnistflow import kernels
 from mnistflow.artifacts import checkpoint
-from mnistflow.artifacts.model_file import ModelInfo, info_from_records, save_model
+from mnistflow.artifacts.model_file import save_model
+from mnistflow.artifacts.model_info import ModelInfo, info_from_records
 from mnistflow.artifacts.runlog import end_of_run_table
 from mnistflow.core import log
 from mnistflow.core.errors import MnistflowError, display
