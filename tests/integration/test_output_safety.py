@@ -262,7 +262,7 @@ def test_run_files_are_read_with_a_cap(copy):
 
 def test_hostile_metrics_lines_are_skipped(copy):
     from mnistflow.reporting.plots import plot_compare, plot_curve, plot_lr, plot_throughput
-    from mnistflow.reporting.run import load_run
+    from mnistflow.artifacts.runlog import load_run
 
     with open(copy / "metrics.jsonl", "ab") as f:
         f.write(b'{"kind": "train", "step": 1' + b"0" * 400 + b', "loss": 1}\n')  # a 400-digit step

@@ -93,11 +93,12 @@ def test_a_huge_summary_is_refused_from_its_size_not_read(tmp_path, bf16_cpu, ca
 def test_eval_and_report_share_one_summary_reader(tmp_path):
     """``runlog.read_summary``: None without a file, the object when it is one, else one error
     naming the file (report refuses the run with it; eval warns and goes on)."""
+    from mnistflow import inference, reporting
     from mnistflow.artifacts import runlog
     from mnistflow.core.errors import MnistflowError
-    from mnistflow.reporting import run as report_run
 
-    assert report_run.read_summary is runlog.read_summary
+    assert inference.read_summary is runlog.read_summary  # eval's reader
+    assert reporting.load_run is runlog.load_run  # report's: it reads summary.json with read_summary
     path = tmp_path / "summary.json"
     assert runlog.read_summary(path) is None
     path.write_text(json.dumps({"precision": "bf16", "wall_s": 1.5}))

@@ -1,20 +1,31 @@
-"""What a run logged, read back: the records of its metrics.jsonl, its summary.json (read
-with a cap and type-checked: ``read_summary``, the one reader that ``report`` and ``eval`` use),
-and the table that sums it up (printed at the end of training, shown again by ``mnistflow report``).
+"""What a run logged, read back: one owner for the formats of its metrics.jsonl and its
+summary.json (``training.observe`` writes them; ``rundir`` names them).
 
-Every run file is read with a cap (``MAX_METRICS_BYTES``, ``MAX_SMALL_BYTES``): memory stays
-bounded whatever a directory holds, and a file that is not a regular one (a FIFO would block
-the read) is refused.
+    read_metrics / truncate_metrics   the records of metrics.jsonl, through one line reader
+    read_summary                      summary.json, capped and type-checked (report and eval)
+    load_run -> RunLog                what a run directory says about itself (for reports)
+    end_of_run_table                  the table every run ends with (``mnistflow report`` too)
+
+Every run file is read with a cap (``MAX_METRICS_BYTES``, ``MAX_METRICS_LINE``,
+``MAX_SMALL_BYTES``): memory stays bounded whatever a directory holds, and a file that is not a
+regular one (a FIFO would block the read) is refused. What a tampered ``summary.json`` or
+``config.toml`` holds is checked before it is shown: a field of the wrong type is one error line
+naming the file and field.
 """
 from __future__ import annotations
 
 import json
 import math
 import os
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
+from mnistflow.artifacts.rundir import METRICS, RunDir
+from mnistflow.core import compat
 from mnistflow.core.errors import MnistflowError, os_error
-from mnistflow.core.fsutil import open_regular, read_regular
+from mnistflow.core.fsutil import atomic_write, open_regular, read_regular
 
 MAX_SMALL_BYTES = 4 << 20  # summary.json, config.toml: a few KiB when a training writes them
 # summary.json fields shown as numbers (each may be null, or missing: then not shown)
@@ -91,30 +102,150 @@ def read_summary(path: str | Path) -> dict | None:
 
 
 MAX_METRICS_BYTES = 64 << 20  # ~250,000 logged steps (log less often for longer runs)
+MAX_METRICS_LINE = 1 << 20  # bytes of one metrics record; a longer line is not one of ours
+
+
+def _records(f: BinaryIO, path: str | Path, max_bytes: int | None) -> Iterator[tuple[bytes, dict]]:
+    """(line, record) for each line of the open metrics file ``f`` that is a JSON object. A
+    torn, undecodable or non-object line is skipped, and so is one over ``MAX_METRICS_LINE``
+    (read piece by piece, never whole: a sparse file of zeros costs no memory); reading stops
+    once ``max_bytes`` (None: no cap) have been read."""
+    seen = 0
+
+    def readline() -> bytes:
+        nonlocal seen
+        try:
+            line = f.readline(MAX_METRICS_LINE)
+        except OSError as e:
+            raise os_error(e, path) from None
+        seen += len(line)
+        return line
+
+    while line := readline():
+        if max_bytes is not None and seen > max_bytes:  # grew since it was measured: not read
+            return
+        if not line.endswith(b"\n") and len(line) >= MAX_METRICS_LINE:
+            while line and not line.endswith(b"\n"):  # the rest of the over-long line
+                line = readline()
+            continue
+        try:
+            rec = json.loads(line)
+        except (ValueError, RecursionError):
+            continue
+        if isinstance(rec, dict):
+            yield line, rec
 
 
 def read_metrics(path: str | Path, keys: tuple[str, ...] | None = None,
                  max_bytes: int = MAX_METRICS_BYTES) -> list[dict]:
-    """The records of a metrics.jsonl, read line by line (a torn last line from a crash, an
-    undecodable line or one that is not a JSON object is skipped), only ``keys`` of each kept
-    when given. A file that is not a regular one (a FIFO would block) or is larger than
-    ``max_bytes`` is refused (``fsutil.open_regular``): memory stays bounded."""
-    out, seen = [], 0
+    """The records of a metrics.jsonl (``_records``: torn, undecodable, over-long and non-object
+    lines skipped), only ``keys`` of each kept when given. A file that is not a regular one (a
+    FIFO would block) or is larger than ``max_bytes`` is refused (``fsutil.open_regular``):
+    memory stays bounded."""
     with open_regular(path, max_bytes, "a metrics log") as f:
+        return [rec if keys is None else {k: rec[k] for k in keys if k in rec}
+                for _, rec in _records(f, path, max_bytes)]
+
+
+def truncate_metrics(path: str | Path, step: int) -> None:
+    """Rewrite a metrics.jsonl (atomically) without the records after ``step`` and without any
+    torn or foreign line (``_records``): on resume, the records the interrupted process logged
+    after its last checkpoint go, and the resumed run logs them again. A record without a step
+    is kept. No file: nothing to do. Read line by line, whatever the file's size (bounded
+    memory); a file that is not a regular one (a FIFO would block the run's logger forever) is
+    one ``MnistflowError``."""
+    if not os.path.lexists(path):
+        return
+    with open_regular(path, None, "a metrics log") as f:
+        def write(out: BinaryIO) -> None:
+            for line, rec in _records(f, path, None):
+                at = rec.get("step", 0)
+                if isinstance(at, (int, float)) and at <= step:
+                    out.write(line.rstrip(b"\r\n") + b"\n")
+
+        atomic_write(path, write)
+
+
+# --- a run directory, for reports --------------------------------------------------------------
+
+# the fields of a metrics.jsonl record a report draws (the rest is not kept in memory)
+METRIC_KEYS = ("kind", "step", "epoch", "loss", "acc", "lr", "img_per_s", "data_wait_frac")
+
+
+@dataclass
+class RunLog:
+    """What a run directory says about itself (no model needed)."""
+
+    path: Path
+    train: list[dict]
+    val: list[dict]
+    test: list[dict]
+    summary: dict | None
+    config: dict
+    config_text: str
+
+    @property
+    def name(self) -> str:
+        return self.path.resolve().name
+
+    @property
+    def steps_per_epoch(self) -> float | None:
+        """From any training line: ``epoch`` is ``step / steps_per_epoch``."""
+        for r in self.train:
+            if is_number(r.get("epoch")) and r["epoch"] > 0:
+                return r["step"] / r["epoch"]
+        return None
+
+    def epochs(self, rows: list[dict]) -> list[float]:
+        spe = self.steps_per_epoch or 1.0
+        return [r["step"] / spe for r in rows]
+
+
+def _by_step(rows: list[dict]) -> list[dict]:
+    """Sorted by step, the last record of a step winning (a resumed run logs some again)."""
+    return sorted({r["step"]: r for r in rows if is_number(r.get("step")) and isinstance(r["step"], int)
+                   and 0 <= r["step"] < 2**53}.values(), key=lambda r: r["step"])
+
+
+def load_run(run_dir: str | Path) -> RunLog:
+    """The metrics, summary and configuration of a run directory."""
+    run = RunDir(run_dir)
+    if not run.path.is_dir():
+        raise MnistflowError("no such run directory", run.path)
+    if not os.path.lexists(run.metrics):
+        raise MnistflowError(f"no {METRICS} in this directory (is it a run directory?)", run.path)
+    recs = read_metrics(run.metrics, METRIC_KEYS)
+    kinds = {k: _by_step([r for r in recs if r.get("kind") == k]) for k in ("train", "val", "test")}
+    summary = read_summary(run.summary)
+    config = {}
+    text = read_small(run.config) or ""
+    if text:
         try:
-            for line in f:
-                seen += len(line)
-                if seen > max_bytes:  # grew since it was measured: the rest is not read
-                    break
-                try:
-                    rec = json.loads(line)
-                except (ValueError, RecursionError):
-                    continue
-                if isinstance(rec, dict):
-                    out.append(rec if keys is None else {k: rec[k] for k in keys if k in rec})
-        except OSError as e:
-            raise os_error(e, path) from None
-    return out
+            config = compat.tomllib().loads(text)
+        except compat.tomllib().TOMLDecodeError as e:
+            raise MnistflowError(f"not valid TOML ({e})", run.config) from None
+        except RecursionError:
+            raise MnistflowError("not valid TOML (nested too deeply)", run.config) from None
+        target = config.get("target_acc")
+        if target is not None and not is_number(target):
+            raise MnistflowError(f"target_acc is {type_name(target)}, not a number", run.config)
+    return RunLog(run.path, kinds["train"], kinds["val"], kinds["test"], summary, config, text)
+
+
+# --- the end-of-run table ----------------------------------------------------------------------
+
+# what the end-of-run table needs (present, a number unless null is allowed)
+TABLE_FIELDS = ("wall_s", "img_per_s", "train_img_per_s", "data_wait_frac", "peak_rss_mb", "val_acc",
+                "test_acc", "run_dir")
+NULLABLE = ("time_to_target_s", "train_img_per_s", "data_wait_frac", "val_acc", "test_acc")
+
+
+def table_missing(summary: dict, target: float | None) -> list[str]:
+    """The fields the end-of-run table needs that ``summary`` lacks (or holds null where a
+    number is needed)."""
+    need = [*TABLE_FIELDS, *(["time_to_target_s"] if target is not None else []),
+            *(["gpu_peak_reserved_mb"] if "gpu_peak_allocated_mb" in summary else [])]
+    return [k for k in need if k not in summary or (summary[k] is None and k not in NULLABLE)]
 
 
 def end_of_run_table(s: dict, target: float | None) -> str:

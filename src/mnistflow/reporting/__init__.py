@@ -20,7 +20,7 @@ as a ``data:`` URI, so it is one file with no external assets that can be mailed
 attached to an issue. matplotlib is optional (``pip install 'mnistflow[report]'``) and
 imported only here; the PNGs are drawn by its Agg renderer (no display needed).
 
-    run.py    what a report is drawn from: the run's files, the model on its test split
+    run.py    the model on its test split (the run's own files: ``artifacts.runlog.load_run``)
     plots.py  one function per PNG
     page.py   the self-contained HTML page
 """
@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Iterable
 
 from mnistflow.artifacts.rundir import RunDir
+from mnistflow.artifacts.runlog import load_run
 from mnistflow.core.errors import MnistflowError, os_error
 from mnistflow.core.progress import stages
 from mnistflow.reporting.page import HTML_FILE, render_html
@@ -49,10 +50,10 @@ from mnistflow.reporting.plots import (
     plot_throughput,
     require_matplotlib,
 )
-from mnistflow.reporting.run import RunLog, SplitPredictions, load_run, predict_split
+from mnistflow.reporting.run import SplitPredictions, predict_split
 
-__all__ = ["COMPARE_SIZE", "HTML_FILE", "PLOT_SIZES", "RunLog", "SplitPredictions", "build_report",
-           "load_run", "predict_split", "report"]
+__all__ = ["COMPARE_SIZE", "HTML_FILE", "PLOT_SIZES", "SplitPredictions", "build_report", "predict_split",
+           "report"]
 
 
 REPORT_FILES = frozenset([HTML_FILE, *PLOT_SIZES, "compare.png"])

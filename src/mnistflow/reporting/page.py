@@ -7,9 +7,9 @@ import json
 from html import escape
 
 from mnistflow.artifacts.rundir import RunDir
-from mnistflow.artifacts.runlog import end_of_run_table
+from mnistflow.artifacts.runlog import RunLog, end_of_run_table, table_missing
 from mnistflow.core.errors import display
-from mnistflow.reporting.run import RunLog, SplitPredictions, table_missing
+from mnistflow.reporting.run import SplitPredictions
 
 HTML_FILE = "index.html"
 

@@ -12,8 +12,8 @@ from types import ModuleType
 
 import numpy as np
 
-from mnistflow.artifacts.runlog import is_number
-from mnistflow.reporting.run import RunLog, SplitPredictions
+from mnistflow.artifacts.runlog import RunLog, is_number
+from mnistflow.reporting.run import SplitPredictions
 
 DPI = 100
 # name -> (width, height) in inches; at DPI the PNGs have exactly these sizes x 100 pixels.
