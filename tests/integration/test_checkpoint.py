@@ -3,7 +3,11 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import random
+import subprocess
+import sys
+import time
 
 import numpy as np
 import pytest
@@ -11,6 +15,7 @@ import torch
 import torch.nn as nn
 from safetensors.torch import load_file
 
+from helpers import inject
 from helpers.cli import assert_one_line_error, run_cli
 from mnistflow.artifacts import checkpoint
 from mnistflow.core.errors import MnistflowError
@@ -214,3 +219,23 @@ def test_rng_states_round_trip_through_weights_only_loading():
     first = draw()
     checkpoint.set_rng_state(back)
     assert draw() == first
+
+
+def test_a_fault_injected_by_the_tests_reaches_a_child_process(tmp_path):
+    """``helpers.inject.env`` (the package has no test hook): a child Python process writing a
+    checkpoint holds the written temp file for the injected seconds before the rename."""
+    target = tmp_path / "step-000001.pt"
+    code = ("import sys, torch; from mnistflow.artifacts import checkpoint; "
+            "checkpoint.write(sys.argv[1], {'w': torch.zeros(1000)})")
+    proc = subprocess.Popen([sys.executable, "-c", code, str(target)], env={**os.environ, **inject.env(slow_save=3)})
+    try:
+        t0 = time.monotonic()
+        while not list(tmp_path.glob(".step-000001.pt.*.tmp")):
+            assert proc.poll() is None and time.monotonic() - t0 < 60, "no temp file"
+            time.sleep(0.01)
+        time.sleep(1)  # without the fault the rename comes within milliseconds
+        assert list(tmp_path.glob(".step-000001.pt.*.tmp")) and not target.exists()
+    finally:
+        assert proc.wait(timeout=60) == 0
+    checkpoint.verify(target)
+    assert [p.name for p in tmp_path.iterdir()] == [target.name]

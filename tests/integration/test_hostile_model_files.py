@@ -1,8 +1,8 @@
 """Model files and checkpoints that must not be read, as a user meets them on the command line:
 a FIFO (its open would wait forever), a link to /dev/zero (never ends), a file with NaN
-weights, a bad ``MNISTFLOW_TEST_SLOW_SAVE``. Each is one error line and exit 2, at once and
-in bounded memory (the processes run under a 3 GB address-space limit), or, for a checkpoint
-candidate, one warning and the fallback to the previous checkpoint."""
+weights. Each is one error line and exit 2, at once and in bounded memory (the processes run
+under a 3 GB address-space limit), or, for a checkpoint candidate, one warning and the fallback
+to the previous checkpoint."""
 from __future__ import annotations
 
 import os
@@ -18,7 +18,6 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from helpers.cli import assert_one_line_error
-from mnistflow.artifacts import checkpoint
 
 LIMIT = 3 * 10 ** 9  # bytes of address space: a read of /dev/zero fails fast instead of eating the RAM
 
@@ -93,12 +92,3 @@ def test_nan_weights_are_one_error(run, tmp_path):
                  ["export", tmp_path / "nan.safetensors", "--format", "npz", "--out", tmp_path / "x.npz"]):
         assert_one_line_error(cli(*verb), "nan.safetensors", "tensor 'fc1.weight' holds 1 non-finite value")
     assert not (tmp_path / "x.npz").exists()
-
-
-@pytest.mark.parametrize("value", ["abc", "inf", "-1"])
-def test_a_bad_slow_save_hook_is_one_error_and_no_run_directory(mnist_records, tmp_path, value):
-    proc = cli("train", "--recipe", "softmax", "--data", mnist_records, "--run-dir", tmp_path / "s",
-               "--max-steps", "20", "--checkpoint-every", "10", "--threads", "1",
-               env={checkpoint.SLOW_SAVE_ENV: value})
-    assert_one_line_error(proc, checkpoint.SLOW_SAVE_ENV, "must be a finite number of seconds >= 0")
-    assert not (tmp_path / "s").exists()

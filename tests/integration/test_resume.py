@@ -15,6 +15,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from helpers import inject
 from helpers.cli import assert_one_line_error, run_cli
 from mnistflow.artifacts import checkpoint
 from mnistflow.training.loop import train
@@ -101,7 +102,7 @@ def test_killed_at_any_moment_resumes_bitwise_identical(mnist_records, tmp_path)
 
     # 4. kill -9 inside a checkpoint write (temp file written, not yet renamed)
     before = _assert_no_corrupt_checkpoint(run)
-    p = _launch(_args(mnist_records, run), log, env={checkpoint.SLOW_SAVE_ENV: "30"})
+    p = _launch(_args(mnist_records, run), log, env=inject.env(slow_save=30))
     _wait(lambda: any((run / "checkpoints").glob(".step-*.tmp")), p)
     time.sleep(0.2)
     p.kill()

@@ -45,7 +45,6 @@ import torch
 
 from mnistflow.artifacts.model_file import MAX_MODEL_BYTES, load_weights, unwrap
 from mnistflow.artifacts.rundir import CHECKPOINTS
-from mnistflow.core.env import env_seconds
 from mnistflow.core.errors import MnistflowError, display
 from mnistflow.core.fsutil import NotReadable, atomic_write, atomic_write_text, fsync_dir, open_regular, \
     read_regular
@@ -62,7 +61,6 @@ SUPERSEDED = "superseded"  # checkpoints of an abandoned timeline (a resume from
 _STEP_FILE = re.compile(r"^step-(\d+)\.pt$")
 PAYLOAD_KEYS = ("format_version", "model", "optimizer", "scheduler", "scaler", "rng", "train_state",
                 "config", "data", "model_info")
-SLOW_SAVE_ENV = "MNISTFLOW_TEST_SLOW_SAVE"  # tests: seconds to sleep inside the write window
 # The largest checkpoint file read: a checkpoint is read whole (its checksum is verified before
 # anything is unpickled), so this bounds the memory a candidate can take: room for the weights
 # of a model at the model-file cap plus an optimizer's two moments and the rest. A larger file
@@ -131,25 +129,10 @@ def seal(body: bytes, meta: dict | None = None) -> bytes:
     return buf.getvalue()
 
 
-def slow_save_seconds() -> float:
-    """``MNISTFLOW_TEST_SLOW_SAVE`` (a test hook: seconds to sleep inside a checkpoint's write
-    window), checked: a finite number >= 0, else one ``MnistflowError``. Unset or empty: 0.
-    Cheap: a configuration check may call it before a run starts."""
-    return env_seconds(SLOW_SAVE_ENV)
-
-
 def write(path: str | Path, payload: dict, meta: dict | None = None) -> Path:
     """Write ``payload`` atomically (temp file, fsync, rename, fsync dir) with its checksum."""
-    slow = slow_save_seconds()
     data = seal(_serialize(payload), meta)
-
-    def _write(f):
-        f.write(data)
-        if slow:  # tests kill the process inside this window (temp file written, not renamed)
-            f.flush()
-            time.sleep(slow)
-
-    atomic_write(path, _write)
+    atomic_write(path, lambda f: f.write(data))
     return Path(path)
 
 
@@ -411,7 +394,6 @@ class CheckpointDir:
     best_file: Path | None = None
 
     def __post_init__(self):
-        slow_save_seconds()  # a bad test hook is refused before the first step, not at the first save
         self.folder = Path(self.folder)
         self.folder.mkdir(parents=True, exist_ok=True)
         for tmp in self.folder.glob(".*.tmp"):  # left by a process killed mid-write
