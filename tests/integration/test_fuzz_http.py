@@ -29,11 +29,11 @@ pytest.importorskip("httpx")  # starlette's TestClient
 
 from helpers.fuzz import FUZZ, mutated
 from mnistflow.artifacts.model_info import ModelInfo
+from mnistflow.artifacts.predictor import TorchBackend
 from mnistflow.models import create_model
 from mnistflow.server import create_app
 from mnistflow.server.guard import BadInput, Limits
 from mnistflow.server.inputs import MODES, decode_image, parse_json, to_input
-from mnistflow.server.predictor import TorchBackend
 
 
 INFO = ModelInfo("softmax", [1, 28, 28], [str(i) for i in range(10)], [33.0], [78.0], dataset="synthetic")

@@ -28,10 +28,10 @@ from helpers.serving import uvicorn_thread
 pytest.importorskip("uvicorn")
 
 from mnistflow.artifacts.model_info import ModelInfo  # noqa: E402
+from mnistflow.artifacts.predictor import TorchBackend  # noqa: E402
 from mnistflow.models import create_model  # noqa: E402
 from mnistflow.server import create_app  # noqa: E402
 from mnistflow.server.guard import LOCAL_HOSTS, Limits, server_config  # noqa: E402
-from mnistflow.server.predictor import TorchBackend  # noqa: E402
 
 INFO = ModelInfo("softmax", [1, 28, 28], [str(i) for i in range(10)], [33.0], [78.0], dataset="synthetic")
 FAST = dict(header_timeout=0.5, body_timeout=0.5, work_timeout=5.0)

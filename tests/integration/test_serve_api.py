@@ -234,9 +234,9 @@ def test_preprocess_query_none_needs_model_size(client):
 def test_colour_and_32x32_models(in_shape, mode):
     """Any model mnistflow trains: the input is prepared at its size and channel count."""
     from mnistflow.artifacts.model_info import ModelInfo
+    from mnistflow.artifacts.predictor import TorchBackend
     from mnistflow.models import create_model
     from mnistflow.server import create_app
-    from mnistflow.server.predictor import TorchBackend
 
     c, h, w = in_shape
     names = ["plane", "car", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]

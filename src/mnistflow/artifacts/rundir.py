@@ -11,7 +11,9 @@
       report/            ``mnistflow report``'s page and plots
       .lock              held (``flock``) by the one training that writes the run
 
-This module is the one place that names these files; everything else asks it.
+This module is the one place that names these files; everything else asks it. Their contents
+are read back by ``runlog`` (metrics.jsonl, summary.json, config.toml for reports),
+``checkpoint`` and ``model_file``.
 """
 from __future__ import annotations
 

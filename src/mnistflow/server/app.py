@@ -39,6 +39,8 @@ from mnistflow.core.errors import MnistflowError
 from mnistflow.core.log import warn
 from mnistflow.server.guard import (
     LOCAL_HOSTS,
+    MAX_BODY,
+    BadInput,
     Deadline,
     Limits,
     Slots,
@@ -47,14 +49,7 @@ from mnistflow.server.guard import (
     check_origin,
     server_config,
 )
-from mnistflow.server.inputs import (
-    MAX_BODY,
-    BadInput,
-    decode_image,
-    is_json,
-    parse_json,
-    to_input,
-)
+from mnistflow.server.inputs import decode_image, is_json, parse_json, to_input
 from mnistflow.server.predictor import Predictor, load_predictor
 
 if TYPE_CHECKING:

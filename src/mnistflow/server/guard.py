@@ -21,6 +21,20 @@ request headers in time.
   last two cannot be sent cross-origin without a CORS preflight, which this server never
   grants. Served on this machine only, a ``Host`` header other than a local name is refused
   too (403; DNS rebinding).
+
+uvicorn's private API, and why uvicorn is pinned (``pyproject.toml``: ``uvicorn>=0.54,<0.55``,
+the releases the server's tests passed on). The header deadline and the JSON answer to malformed HTTP
+need the connection itself, which no public uvicorn hook gives, so :func:`guarded` subclasses
+uvicorn's HTTP protocol class (``uvicorn.protocols.http.auto.AutoHTTPProtocol``: its httptools
+or h11 implementation), overrides ``send_400_response`` (what it calls on a request it cannot
+parse) and reads its ``cycle`` (``.response_complete``), ``server_state.default_headers``,
+``loop`` and ``transport`` attributes. ``app.serve`` also starts ``--workers`` with
+``uvicorn.supervisors.Multiprocess(config, sockets)``, whose signature has changed within 0.x.
+None of these is documented API and any uvicorn release may change them: move the pin only
+after tests/integration/test_serve_api.py and test_hostile_serve.py pass on the new release
+(tests/unit/test_uvicorn_pin.py checks the installed uvicorn is within the pin).
+httptools and h11 are reached only through uvicorn's protocol classes (none of their internals
+is used here), so they need no pin of their own.
 """
 from __future__ import annotations
 
@@ -301,4 +315,4 @@ def __getattr__(name: str):
         cls = _auto_protocol()
         globals()[name] = cls
         return cls
-    raise AttributeError(name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

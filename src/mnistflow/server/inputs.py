@@ -24,9 +24,9 @@ import json
 import numpy as np
 
 from mnistflow.artifacts.model_info import ModelInfo
-from mnistflow.server.guard import MAX_BODY, BadInput, Limits, body_kind
+from mnistflow.server.guard import BadInput, Limits, body_kind
 
-__all__ = ["BadInput", "MAX_BODY", "MAX_SIDE", "decode_image", "parse_json", "to_input", "is_json"]
+__all__ = ["MAX_SIDE", "decode_image", "parse_json", "to_input", "is_json"]
 
 DEFAULTS = Limits()
 MAX_IMAGE_PIXELS = DEFAULTS.max_pixels  # the default; ``Limits.max_pixels`` sets it per server

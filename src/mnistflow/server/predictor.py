@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mnistflow.artifacts.predictor import Predictor, TorchBackend, as_predictor
+from mnistflow.artifacts.predictor import Predictor, as_predictor
 
-__all__ = ["Predictor", "TorchBackend", "load_predictor"]
+__all__ = ["Predictor", "load_predictor"]
 
 
 def load_predictor(path: str | Path, threads: int = 1) -> Predictor:
