@@ -24,7 +24,7 @@ import torch
 from mnistflow.artifacts.load import load_any
 from mnistflow.artifacts.model_info import ModelInfo, outputs_of_records
 from mnistflow.artifacts.onnx import OnnxBackend
-from mnistflow.artifacts.predictor import as_predictor, predict_arrays
+from mnistflow.artifacts.predictor import as_predictor
 from mnistflow.artifacts.rundir import SUMMARY
 from mnistflow.artifacts.runlog import describe_views, read_summary
 from mnistflow.core.errors import MnistflowError
@@ -34,7 +34,7 @@ from mnistflow.models.evaluate import TTA_VIEWS
 from mnistflow.runtime.cpu import set_threads
 from mnistflow.runtime.device import Amp, pick_device, pick_precision
 
-__all__ = ["evaluate", "format_eval", "predict", "predict_arrays", "format_predictions"]
+__all__ = ["evaluate", "format_eval", "predict", "format_predictions"]
 
 def check_tta(views: int) -> None:
     """``--tta``: one of ``TTA_VIEWS``."""

@@ -83,7 +83,7 @@ def test_eval_predict_export_report_from_the_cli(custom_run, tmp_path):
     proc = run_cli("predict", str(run), *files, "--json", env=TESTS_ON_PATH)
     assert proc.returncode == 0, proc.stderr
     preds = json.loads(proc.stdout)
-    from mnistflow.inference import predict_arrays
+    from mnistflow.artifacts.predictor import predict_arrays
 
     model, info = mnistflow.load_model(run)  # in this process: the same answers
     expect = predict_arrays(model, info, x[..., None]).argmax(1)
