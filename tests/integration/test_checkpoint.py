@@ -15,7 +15,7 @@ from helpers.cli import assert_one_line_error, run_cli
 from mnistflow.artifacts import checkpoint
 from mnistflow.core.errors import MnistflowError
 from mnistflow.models import create_model
-from mnistflow.training.loop import train
+from mnistflow.training.api import train
 
 QUIET = dict(quiet=True, threads=1, tensorboard=False)
 

@@ -16,7 +16,7 @@ from mnistflow.runtime import dist
 from mnistflow.core.errors import MnistflowError
 from mnistflow.runtime.cpu import busy_cores_elsewhere, default_threads, threads_for_load, usable_cores
 from mnistflow.runtime.device import pick_device, pick_precision
-from mnistflow.training.loop import train
+from mnistflow.training.api import train
 
 TINY = dict(model="softmax", max_steps=2, batch_size=32, threads=1, quiet=True, tensorboard=False,
             keep_checkpoints=0, validate=False)

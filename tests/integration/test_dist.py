@@ -21,7 +21,7 @@ from mnistflow.artifacts import checkpoint
 from mnistflow.training.config import TrainConfig
 from mnistflow.data.loader import epoch_order, make_loader
 from mnistflow.data.records import open_records
-from mnistflow.training.loop import train
+from mnistflow.training.api import train
 from mnistflow.training.resume import keep_global_batch, resume_differences
 
 # No batch norm, no dropout: one process and two are then equal up to float summation order.

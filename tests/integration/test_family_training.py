@@ -12,7 +12,7 @@ import torch
 from helpers.cli import REPO, run_cli
 
 from mnistflow.training.config import load_toml
-from mnistflow.training.loop import train
+from mnistflow.training.api import train
 
 FASHION_DIR = REPO.parent / "shared" / "data" / "fashion-mnist"
 QUIET = dict(quiet=True, threads=1, tensorboard=False)

@@ -22,7 +22,7 @@ from integration.test_dist import COMMON, assert_same_curves, metrics, weights_c
 import mnistflow
 from mnistflow.core.errors import MnistflowError
 from mnistflow.runtime import dist
-from mnistflow.training.loop import train
+from mnistflow.training.api import train
 
 
 def free_port() -> int:

@@ -9,7 +9,7 @@ import torch.nn as nn
 
 from helpers.cli import assert_one_line_error, run_cli
 from mnistflow.core.errors import MnistflowError
-from mnistflow.training.loop import train
+from mnistflow.training.api import train
 
 SMALL = dict(threads=1, tensorboard=False, quiet=True)
 

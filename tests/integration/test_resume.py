@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 
 from helpers.cli import assert_one_line_error, run_cli
 from mnistflow.artifacts import checkpoint
-from mnistflow.training.loop import train
+from mnistflow.training.api import train
 
 STEPS = 300  # batch 256: 215 steps per epoch, so the run crosses an epoch boundary
 

@@ -156,7 +156,7 @@ def test_a_run_that_fails_before_its_first_steps_leaves_no_directory_and_the_ret
                             "nonexist.npz: --init-from: does not exist"),
                            (["--init-from", str(tmp_path / "wrong.npz")], "no parameter of the model was restored"),
                            (["--init-from", str(tmp_path / "x.safetensors")], "--init-from takes an npz"),
-                           (["--lr", "1e38"], "training loss became NaN/inf"),
+                           (["--batch-size", "100000"], "larger than the training set"),
                            (["--device", "meta"], "unknown device 'meta' (use auto, cpu, cuda, cuda:N or mps)")):
         assert_one_line_error(run_cli(*_softmax(mnist_records, run, "--max-steps", "2", *more)), fragment)
         assert not run.exists(), (more, sorted(p.name for p in run.iterdir()))

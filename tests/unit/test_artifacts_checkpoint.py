@@ -234,7 +234,7 @@ def test_resume_skips_a_fifo_checkpoint_and_refuses_a_fifo_metrics_file(tmp_path
         assert resume.locate_resume(True, tmp_path / "run", quiet=True) == (good, tmp_path / "run")
         found, _ = resume.locate_resume(str(ck / "step-000600.pt"), None)  # named: refused when read
         with pytest.raises(checkpoint.CorruptCheckpoint, match=r"not a regular file \(a FIFO\)"):
-            resume.load(found)
+            resume.Resume.load(found)
         metrics = tmp_path / "run" / "metrics.jsonl"
         os.mkfifo(metrics)
         with pytest.raises(MnistflowError) as e:

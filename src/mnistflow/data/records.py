@@ -100,6 +100,12 @@ class Records:
         return tuple(self.meta["shape"])  # type: ignore[return-value]
 
     @property
+    def in_shape(self) -> tuple[int, int, int]:
+        """(C, H, W): one image as a model takes it."""
+        h, w, c = self.shape
+        return c, h, w
+
+    @property
     def mean(self) -> list[float]:
         return self.meta["mean"]
 
