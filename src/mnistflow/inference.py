@@ -30,7 +30,7 @@ from mnistflow.artifacts.runlog import describe_views, read_summary
 from mnistflow.core.errors import MnistflowError
 from mnistflow.core.log import warn
 from mnistflow.data.augment import mirror_safe
-from mnistflow.models.evaluate import TTA_VIEWS
+from mnistflow.core.choices import TTA_VIEWS
 from mnistflow.runtime.cpu import set_threads
 from mnistflow.runtime.device import Amp, pick_device, pick_precision
 

@@ -137,12 +137,6 @@ def test_a_resume_on_another_thread_count_says_so(mnist_records, tmp_path):
     # (without a choice the run's own count is kept: tests/unit/test_run_ownership.py)
 
 
-def test_a_bad_data_delay_is_one_line(mnist_records, tmp_path):
-    proc = run_cli(*_softmax(mnist_records, tmp_path / "r"), env={"MNISTFLOW_INJECT_DATA_DELAY": "nan"})
-    assert_one_line_error(proc, "MNISTFLOW_INJECT_DATA_DELAY must be a finite number of seconds >= 0")
-    assert not (tmp_path / "r").exists()
-
-
 def test_a_run_that_fails_before_its_first_steps_leaves_no_directory_and_the_retry_works(mnist_records,
                                                                                           tmp_path):
     """A setup error left config.toml, metrics.jsonl, tb/ and checkpoints/ behind, and the same

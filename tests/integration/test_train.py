@@ -86,7 +86,7 @@ def test_run_directory_and_json(mnist_records, tmp_path):
 
 def test_same_seed_same_weights_bitwise_and_config_reproduces(mnist_records, tmp_path):
     common = dict(model="fast", data=str(mnist_records), max_steps=25, batch_size=64, lr=0.05,
-                  optimizer="momentum", tensorboard=False, augment=True, **QUIET)
+                  optimizer="momentum", tensorboard=False, augment="auto", **QUIET)
     train(run_dir=str(tmp_path / "a"), seed=7, **common)
     train(run_dir=str(tmp_path / "b"), seed=7, **common)
     train(run_dir=str(tmp_path / "c"), seed=8, **common)

@@ -423,7 +423,7 @@ def test_init_from_is_checked_before_any_work(tmp_path, capsys):
     ("conv3x3x8,fc" + "9" * 5000, "the number of units in 'fc999"),
     ("fc2147483647,fc2147483647", "cannot build 'fc2147483647'"),
 ])
-def test_a_spec_with_a_zero_or_absurd_number_is_one_error(tmp_path, capsys, spec, fragment):
+def test_a_spec_with_a_zero_or_absurd_number_is_one_error(tmp_path, capsys, spec, fragment, synthetic_records):
     """conv3x3x8-s0 was a ZeroDivisionError; a huge stride or width a torch traceback."""
     from mnistflow.models import create_model
 
@@ -434,7 +434,7 @@ def test_a_spec_with_a_zero_or_absurd_number_is_one_error(tmp_path, capsys, spec
         assert cli.main(["summary", spec]) == 2
         assert fragment in one_line_error(capsys)
     run = tmp_path / "run"
-    assert cli.main(["train", "--model", spec, "--run-dir", str(run)]) == 2
+    assert cli.main(["train", "--model", spec, "--data", str(synthetic_records), "--run-dir", str(run)]) == 2
     assert fragment in one_line_error(capsys)
     assert not run.exists()
 
