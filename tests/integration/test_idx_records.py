@@ -12,7 +12,8 @@ import pytest
 
 from helpers.cli import assert_one_line_error, run_cli
 from mnistflow.data.formats.idx import parse_idx, read_idx, read_idx_pair
-from mnistflow.data.records import FORMAT_VERSION, open_records, split_train_val
+from mnistflow.data.records import FORMAT_VERSION, open_records
+from mnistflow.data.write_records import split_train_val
 from mnistflow.core.errors import MnistflowError
 from mnistflow.data.prepare import prepare
 

@@ -160,7 +160,7 @@ def _records(tmp_path, *, channels: int = 1, size: int = 28, classes: int = 10, 
     from helpers.synthetic import digits
 
     from mnistflow.data.formats.raw import RawDataset, RawSplit
-    from mnistflow.data.records import write_records
+    from mnistflow.data.write_records import write_records
 
     xtr, ytr = digits(n_train, classes=classes, size=size, channels=channels)
     xte, yte = digits(60, classes=classes, size=size, channels=channels, seed=5)

@@ -29,14 +29,8 @@ from mnistflow.data.formats.raw import (
     dataset_from_labels,
     from_original_labels,
 )
-from mnistflow.data.records import (
-    FORMAT_VERSION,
-    describe,
-    meta_checksum,
-    open_records,
-    split_train_val,
-    write_records,
-)
+from mnistflow.data.records import FORMAT_VERSION, describe, meta_checksum, open_records
+from mnistflow.data.write_records import split_train_val, write_records
 
 LETTERS = {v: string.ascii_lowercase[v - 1] for v in range(1, 27)}  # EMNIST letters: 1..26 = a..z
 

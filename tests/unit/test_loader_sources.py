@@ -74,7 +74,7 @@ def test_batches_are_the_epoch_order_normalized(rec):
 def test_both_sources_take_the_variants_in_turn(tmp_path):
     """Augmented copies from prep (--variants): epoch e reads copy e % (K + 1), streamed or not."""
     from helpers.synthetic import raw_dataset
-    from mnistflow.data.records import write_records
+    from mnistflow.data.write_records import write_records
 
     out = write_records(raw_dataset(240, 40), tmp_path / "v", key="v", options={}, source_checksums={},
                         val_size=40, variants=2)

@@ -9,7 +9,7 @@ import pytest
 
 from mnistflow.data.formats.raw import RawDataset, RawSplit
 from mnistflow.data.prepare import policy_of
-from mnistflow.data.records import write_records
+from mnistflow.data.write_records import write_records
 from mnistflow.training.recipes import FOR_DATA, RECIPES, for_data
 from mnistflow.training.setup import resolve_config
 from tests.helpers.synthetic import digits

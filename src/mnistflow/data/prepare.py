@@ -20,8 +20,8 @@ from pathlib import Path
 import numpy as np
 
 from mnistflow.data import datasets
-from mnistflow.data.records import (FORMAT_VERSION, Records, check_replaceable, open_records,
-                                    read_meta, write_records)
+from mnistflow.data.records import FORMAT_VERSION, Records, open_records, read_meta
+from mnistflow.data.write_records import check_replaceable, write_records
 from mnistflow.data.formats.raw import RawDataset, summarize_values
 from mnistflow.data.sources import detect_format, known_files, locate_known, read_known, read_source
 from mnistflow.core.paths import home
