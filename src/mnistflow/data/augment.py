@@ -207,7 +207,7 @@ def resolve_policy(choice: str, dataset: str | None) -> tuple[str, str | None]:
         if choice != "off":
             get_policy(choice)
         return choice, None
-    from mnistflow.data.datasets import lookup
+    from mnistflow.data.known import lookup
 
     entry = lookup(dataset) if dataset else None
     own = getattr(entry, "augment", None)

@@ -68,7 +68,7 @@ def resolve_config(config: str | os.PathLike | None = None, **overrides) -> Trai
     """The configuration of ``mnistflow train [--config FILE] --flag value ...``: defaults <
     recipe < file < flags. With ``resume``, the checkpoint's configuration is the base that
     the recipe, the file and the flags given override (and ``resume`` names that checkpoint)."""
-    from mnistflow.data.prepare import known_name, policy_of
+    from mnistflow.data.open import known_name, policy_of
     from mnistflow.training.recipes import FOR_DATA, for_data, get_recipe, pick_for_target
 
     if config is not None and not isinstance(config, (str, os.PathLike)):
