@@ -106,13 +106,14 @@ def test_records_cli_verifies_checksums(mnist_records, tmp_path):
     assert_one_line_error(run_cli("train", "--data", str(bad), "--max-steps", "1"), "val_y.npy")
 
 
-def test_newer_format_version_is_refused(mnist_records, tmp_path):
+def test_another_format_version_is_refused(mnist_records, tmp_path):
     new = tmp_path / "new"
     shutil.copytree(mnist_records, new)
     meta = json.loads((new / "meta.json").read_text())
     meta["format_version"] = FORMAT_VERSION + 1
     (new / "meta.json").write_text(json.dumps(meta))
-    assert_one_line_error(run_cli("records", str(new)), "newer mnistflow")
+    assert_one_line_error(run_cli("records", str(new)), f"record format {FORMAT_VERSION + 1}",
+                          "re-run 'mnistflow prep --force'")
 
 
 @pytest.mark.parametrize("damage,fragment", [

@@ -114,10 +114,11 @@ def test_d13_every_meta_field_is_checked(recs, key, value):
     refused(recs, "meta.json", key)
 
 
-def test_d13_record_sets_written_before_the_meta_checksum_still_open(recs):
+def test_d13_a_record_set_without_its_meta_checksum_is_refused(recs):
+    assert open_records(recs).size("train") == 600
     edit_meta(recs, lambda m: m.pop("meta_sha256"), reseal=False)
-    rec = open_records(recs)
-    assert rec.size("train") == 600 and rec.split("val")[0].shape == (100, 28, 28, 1)
+    msg = refused(recs, "meta.json", "lacks 'meta_sha256'", "re-run 'mnistflow prep --force'")
+    assert "\n" not in msg
 
 
 # --- D11: what a killed prep leaves is cleaned by the next one -----------------------------

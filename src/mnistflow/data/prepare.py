@@ -22,7 +22,7 @@ from mnistflow.core.progress import stages, write
 from mnistflow.data import known
 from mnistflow.data.formats import detect_format, read_known, read_source
 from mnistflow.data.formats.raw import RawDataset, summarize_values
-from mnistflow.data.records import FORMAT_VERSION, read_meta
+from mnistflow.data.records import read_meta
 from mnistflow.data.write_records import check_replaceable, write_records
 
 MAX_VARIANTS = 100  # augmented copies of train (prep --variants); each is a full copy
@@ -123,11 +123,10 @@ def _up_to_date(out: Path, key: str) -> bool:
     """Whether ``out`` holds readable records of the same inputs and options (``key``)."""
     if not (out.is_dir() and (out / "meta.json").is_file()):
         return False
-    try:  # an older record format is rebuilt
-        had = read_meta(out)
-    except MnistflowError:
+    try:
+        return read_meta(out).get("key") == key
+    except MnistflowError:  # unreadable, or another record format: rebuilt
         return False
-    return had.get("key") == key and had["format_version"] == FORMAT_VERSION
 
 
 def _whole(name: str, value: object, low: int, high: int, why: str = "") -> None:

@@ -1,4 +1,4 @@
-"""The prepared record format, and reading it: one directory per dataset.
+"""The prepared record format (version 1), and reading it: one directory per dataset.
 
     DIR/meta.json            format_version, name, class names and label values, shape,
                              splits, mean/std, checksums (of every file and of meta.json
@@ -9,14 +9,13 @@
 
 Labels: ``{split}_y.npy`` holds class indices 0..K-1 (what a model's outputs are) and
 ``meta.json``'s ``label_values`` the original label of each class (labels 1..26 are classes
-0..25 with ``label_values`` 1..26), what users see. Format 1 (before ``label_values``) is still
-read: its classes are their own values 0..K-1.
+0..25 with ``label_values`` 1..26), what users see.
 
 Opening checks everything before anything is used: ``meta.json`` against its own checksum
-and every field's type (record sets written before ``meta_sha256`` existed are still read),
-every payload file against its checksum, and the files against what ``meta.json`` says (names,
-shapes, dtypes, counts, the label range); nothing is loaded before its header is checked. A
-record set whose files disagree is a one-line error. Writing: ``write_records``.
+and every field's type, every payload file against its checksum, and the files against what
+``meta.json`` says (names, shapes, dtypes, counts, the label range); nothing is loaded before
+its header is checked. A record set of another format version, or one whose files disagree,
+is a one-line error that says to re-run ``mnistflow prep --force``. Writing: ``write_records``.
 """
 from __future__ import annotations
 
@@ -34,7 +33,7 @@ from mnistflow.core.errors import MnistflowError, fail
 from mnistflow.core.fsutil import open_regular, regular_file, sha256_file
 from mnistflow.data.formats.raw import MAX_CLASSES, summarize_values
 
-FORMAT_VERSION = 2  # 2: label_values (format 1 is read as label_values 0..K-1)
+FORMAT_VERSION = 1
 SPLITS = ("train", "val", "test")
 _REPREP = "re-run 'mnistflow prep --force'"
 _RECORD_FILE = re.compile(r"^(?:meta\.json|(?:train|val|test)_[xy]\.npy|train_x\.aug\d+\.npy)$")
@@ -61,10 +60,8 @@ class Records:
 
     @property
     def label_values(self) -> tuple[int, ...]:
-        """The original label value of each class (class index i -> ``label_values[i]``);
-        0..K-1 for a record set written before label values were recorded."""
-        values = self.meta.get("label_values")
-        return tuple(values) if values is not None else tuple(range(self.num_classes))
+        """The original label value of each class (class index i -> ``label_values[i]``)."""
+        return tuple(self.meta["label_values"])
 
     def class_counts(self, split: str) -> np.ndarray:
         """Images per class (by class index) in ``split``; zeros for a split it lacks."""
@@ -87,7 +84,7 @@ class Records:
 
     @property
     def variants(self) -> int:
-        return int(self.meta.get("variants", 0))
+        return int(self.meta["variants"])
 
     def has(self, split: str) -> bool:
         return self.size(split) > 0
@@ -135,13 +132,14 @@ def read_meta(path: Path) -> dict:
     if not isinstance(meta, dict) or "format_version" not in meta:
         fail(mp, "not mnistflow record metadata")
     v = meta["format_version"]
-    if not isinstance(v, int) or v > FORMAT_VERSION:
-        fail(path, f"written by a newer mnistflow (record format {v}; this version reads up to "
-                   f"{FORMAT_VERSION}): upgrade mnistflow or {_REPREP}")
-    for k in ("name", "class_names", "shape", "splits", "mean", "std", "files"):
+    if type(v) is not int or v != FORMAT_VERSION:
+        fail(path, f"holds record format {str(v)[:20]}; this mnistflow reads format "
+                   f"{FORMAT_VERSION}: {_REPREP}")
+    for k in ("name", "class_names", "label_values", "shape", "splits", "mean", "std",
+              "variants", "files", "meta_sha256"):
         if k not in meta:
-            fail(mp, f"metadata lacks '{k}'")
-    if "meta_sha256" in meta and meta["meta_sha256"] != meta_checksum(meta):
+            fail(mp, f"metadata lacks '{k}'; {_REPREP}")
+    if meta["meta_sha256"] != meta_checksum(meta):
         fail(mp, f"checksum does not match its content: the record set is corrupt or was "
                  f"edited; {_REPREP}")
     _check_meta(mp, meta)
@@ -178,14 +176,11 @@ def _check_meta(mp: Path, meta: dict) -> None:
             bad(f"'{k}' should be {c} finite numbers (one per channel)")
     if not all(x > 0 for x in meta["std"]):
         bad("'std' should be positive")
-    if not _is_int(meta.get("variants", 0)):
+    if not _is_int(meta["variants"]):
         bad("'variants' should be a count")
-    values = meta.get("label_values")
-    if values is None and meta["format_version"] >= 2:
-        bad("'label_values' is missing")
-    if values is not None and (not isinstance(values, list) or len(values) != len(names)
-                               or not all(_is_int(v) for v in values)
-                               or any(a >= b for a, b in zip(values, values[1:]))):
+    values = meta["label_values"]
+    if (not isinstance(values, list) or len(values) != len(names) or not all(_is_int(v) for v in values)
+            or any(a >= b for a, b in zip(values, values[1:]))):
         bad(f"'label_values' should be {len(names)} increasing label values (one per class name)")
     files = meta["files"]
     if not isinstance(files, dict) or not all(
@@ -209,7 +204,7 @@ def payload_files(meta: dict) -> dict[str, tuple[str, tuple[int, ...]]]:
         if n:
             out[f"{split}_x.npy"] = ("|u1", (n, *shape))
             out[f"{split}_y.npy"] = ("<i8", (n,))
-    for k in range(1, int(meta.get("variants", 0)) + 1):
+    for k in range(1, int(meta["variants"]) + 1):
         out[f"train_x.aug{k}.npy"] = ("|u1", (meta["splits"].get("train", 0), *shape))
     return out
 
@@ -307,7 +302,7 @@ def describe(rec: Records) -> str:
     ]
     for s in SPLITS:
         lines.append(f"{s:<9} {m['splits'].get(s, 0):,}")
-    lines.append(f"variants  {m.get('variants', 0)} augmented copies of train")
+    lines.append(f"variants  {m['variants']} augmented copies of train")
     lines.append("mean/std  " + ", ".join(f"{a:.2f}/{b:.2f}" for a, b in zip(m["mean"], m["std"])))
     size = sum((rec.path / f).stat().st_size for f in m["files"])
     lines.append(f"size      {size / 2**20:.1f} MiB in {len(m['files'])} files")
