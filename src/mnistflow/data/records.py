@@ -71,8 +71,14 @@ class Records:
 
     @property
     def shape(self) -> tuple[int, int, int]:
-        """(H, W, C) of one image."""
+        """(H, W, C) of one image, as the arrays hold it."""
         return tuple(self.meta["shape"])  # type: ignore[return-value]
+
+    @property
+    def in_shape(self) -> tuple[int, int, int]:
+        """(C, H, W) of one image, as a model takes it (``ModelInfo.in_shape``)."""
+        h, w, c = self.shape
+        return c, h, w
 
     @property
     def mean(self) -> list[float]:
