@@ -198,7 +198,8 @@ def test_loader_auto_takes_the_records_dataset_policy(tmp_path):
     rec = open_records(_records(tmp_path, name="fashion-mnist"))
     auto = make_loader(rec, "train", batch_size=64, seed=1, augment="auto")
     assert auto.augment == "clothing"
-    assert make_loader(rec, "train", batch_size=64, augment=True).augment == "glyphs"  # the old switch
+    with pytest.raises(MnistflowError, match="unknown augmentation policy 'True'"):
+        make_loader(rec, "train", batch_size=64, augment=True)  # the switch from before policies
     assert make_loader(rec, "train", batch_size=64, augment="off").augment is None
     with pytest.raises(MnistflowError, match="unknown augmentation policy 'sideways'"):
         make_loader(rec, "train", batch_size=64, augment="sideways")
