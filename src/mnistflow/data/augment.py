@@ -47,8 +47,7 @@ def _rotate_shift(x: torch.Tensor, r: torch.Tensor, max_shift: float, max_degree
 def shift_rotate(x: torch.Tensor, gen: torch.Generator | None = None, max_shift: float = 2.0,
                  max_degrees: float = 10.0) -> torch.Tensor:
     """Random translation (pixels) and rotation (degrees) of a float batch (N, C, H, W).
-    Draws ``DRAWS`` numbers per image from ``gen``. (A random zoom of +-10% on top was tried
-    for the best recipe: 99.54% median test accuracy on 3 seeds, no better than without.)"""
+    Draws ``DRAWS`` numbers per image from ``gen``."""
     r = torch.rand(x.shape[0], DRAWS, generator=gen, device="cpu") * 2 - 1
     return _rotate_shift(x, r, max_shift, max_degrees)
 
@@ -61,7 +60,7 @@ def _crop(x: torch.Tensor, off: torch.Tensor, pad: int, mode: str) -> torch.Tens
     n, c, h, w = x.shape
     wide = w + 2 * pad
     padded = F.pad(x, (pad, pad, pad, pad), mode=mode).reshape(n, c, -1)
-    # one gather over the flattened padded image (5x faster on CPU than a gather per axis)
+    # one gather over the flattened padded image (faster on a CPU than a gather per axis)
     off = off.to(x.device)
     pixels = (torch.arange(h, device=x.device).view(h, 1) * wide + torch.arange(w, device=x.device)).view(1, -1)
     idx = off[:, 0:1] * wide + off[:, 1:2] + pixels  # (N, H * W)
