@@ -65,8 +65,9 @@ def _size(text: str) -> tuple[int, int]:
 
 def _add_prep(sub) -> None:
     p = sub.add_parser("prep", help="prepare records once from raw data (IDX, folder, CSV, npz, TFRecord)")
-    p.add_argument("dataset", nargs="?", help="a known dataset: mnist, fashion-mnist, kmnist, qmnist, emnist-<split> "
-                        "(letters, digits, balanced, byclass, bymerge, mnist), cifar10")
+    from mnistflow.data.known import HELP
+
+    p.add_argument("dataset", nargs="?", help=f"a known dataset: {HELP}")
     p.add_argument("--data", type=Path, help="raw input: a file or folder (default: $MNISTFLOW_DATA)")
     p.add_argument("--out", type=Path, help="records directory to write (default: in the cache)")
     p.add_argument("--val-size", type=_int_in(0, MAX_INT), default=None,

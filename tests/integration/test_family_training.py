@@ -33,7 +33,7 @@ def _family_member(out: Path, name: str, *, channels: int, size: int, classes: i
     from helpers.synthetic import digits
 
     from mnistflow.data.formats.raw import RawDataset, RawSplit
-    from mnistflow.data.records import write_records
+    from mnistflow.data.write_records import write_records
 
     xtr, ytr = digits(2050, classes=classes, size=size, channels=channels)
     xte, yte = digits(100, classes=classes, size=size, channels=channels, seed=7)

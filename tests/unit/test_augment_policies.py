@@ -160,7 +160,7 @@ def _records(tmp_path, *, channels: int = 1, size: int = 28, classes: int = 10, 
     from helpers.synthetic import digits
 
     from mnistflow.data.formats.raw import RawDataset, RawSplit
-    from mnistflow.data.records import write_records
+    from mnistflow.data.write_records import write_records
 
     xtr, ytr = digits(n_train, classes=classes, size=size, channels=channels)
     xte, yte = digits(60, classes=classes, size=size, channels=channels, seed=5)
@@ -198,7 +198,8 @@ def test_loader_auto_takes_the_records_dataset_policy(tmp_path):
     rec = open_records(_records(tmp_path, name="fashion-mnist"))
     auto = make_loader(rec, "train", batch_size=64, seed=1, augment="auto")
     assert auto.augment == "clothing"
-    assert make_loader(rec, "train", batch_size=64, augment=True).augment == "glyphs"  # the old switch
+    with pytest.raises(MnistflowError, match="unknown augmentation policy 'True'"):
+        make_loader(rec, "train", batch_size=64, augment=True)  # the switch from before policies
     assert make_loader(rec, "train", batch_size=64, augment="off").augment is None
     with pytest.raises(MnistflowError, match="unknown augmentation policy 'sideways'"):
         make_loader(rec, "train", batch_size=64, augment="sideways")

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from mnistflow.data.formats.raw import RawDataset, RawSplit
-from mnistflow.data.prepare import policy_of
-from mnistflow.data.records import write_records
+from mnistflow.data.open import policy_of
+from mnistflow.data.write_records import write_records
 from mnistflow.training.recipes import FOR_DATA, RECIPES, for_data
 from mnistflow.training.configure import configure
 from tests.helpers.synthetic import digits

@@ -113,11 +113,11 @@ def test_a_bad_target_is_the_usual_value_error():
 
 @pytest.mark.parametrize("table", [REAL, REAL_BF16, REAL_GPU])
 def test_every_measured_entry_names_a_recipe_and_a_known_dataset(table):
-    from mnistflow.data import datasets
+    from mnistflow.data import known
 
     assert table and table is not TABLE
     for ds, by_recipe in table.items():
-        assert datasets.lookup(ds) is not None and set(by_recipe) <= set(recipes.RECIPES)
+        assert known.lookup(ds) is not None and set(by_recipe) <= set(recipes.RECIPES)
         for lo, med, hi, secs in by_recipe.values():
             assert 0 < lo <= med <= hi <= 1 and secs > 0
 

@@ -157,7 +157,7 @@ def build_user_model(model: nn.Module | Callable[..., nn.Module], model_kwargs: 
 
 def data_shape(cfg: TrainConfig) -> tuple[list[int], int]:
     """((C, H, W), number of classes) of the records ``cfg`` trains on (prepared once)."""
-    from mnistflow.data.prepare import open_data
+    from mnistflow.data.open import open_data
 
     rec = open_data(cfg.data, dataset=cfg.dataset, verify=False)  # fit verifies the checksums
     return list(rec.in_shape), rec.num_classes

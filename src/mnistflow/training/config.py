@@ -22,6 +22,7 @@ from typing import Any
 from mnistflow.artifacts import rundir
 from mnistflow.core import choices, compat
 from mnistflow.core.errors import MnistflowError
+from mnistflow.data import known
 
 #: The sections of ``mnistflow train --help``, in order: name -> what they hold.
 GROUPS: dict[str, str] = {
@@ -168,8 +169,7 @@ class TrainConfig:
     data: str | None = setting(
         None, "data", "records directory or raw data, prepared into the cache on first use "
                       "(default: $MNISTFLOW_DATA, else mnist)", kind=str)
-    dataset: str | None = setting(
-        None, "data", "a known dataset name: mnist, fashion-mnist, kmnist, cifar10", kind=str)
+    dataset: str | None = setting(None, "data", f"a known dataset: {known.HELP}", kind=str)
     run_dir: str | None = setting(
         None, "run", "where to write the run (default: runs/<recipe or model>-<time>)", kind=str)
     epochs: float = setting(1.0, "optimization", "epochs to train (fractions allowed)", above=0,

@@ -13,7 +13,7 @@ import os
 
 from mnistflow.core.errors import MnistflowError
 from mnistflow.core.log import note
-from mnistflow.data.prepare import known_name, policy_of
+from mnistflow.data.open import known_name, policy_of
 from mnistflow.runtime import dist
 from mnistflow.runtime.cpu import env_threads
 from mnistflow.runtime.device import machine_kind
