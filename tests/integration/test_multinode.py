@@ -1,6 +1,6 @@
 """Several machines, launched the way users do: one torchrun per machine (``--nnodes 2``), each
 with its own process (``--nproc-per-node 1``), meeting at a rendezvous on 127.0.0.1, either
-static (``--node-rank`` and ``--master-addr/--master-port``, as the README shows) or c10d
+static (``--node-rank`` and ``--master-addr/--master-port``, as docs/devices.md shows) or c10d
 (``--rdzv-backend c10d --rdzv-endpoint``). Two machines train like one process with the global
 batch; a machine that dies ends the other with one line; ``--max-restarts`` with ``--resume``
 continues the run from its last checkpoint on both machines."""

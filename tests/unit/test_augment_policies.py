@@ -127,7 +127,6 @@ def test_glyphs_is_the_augmentation_runs_had_before_policies():
     """Bitwise the old shift_rotate draws: MNIST runs (best) and their resumes do not change."""
     x = torch.rand(64, 1, 28, 28) * 255
     assert torch.equal(A.augment(x, gen(6), "glyphs"), A.shift_rotate(x, gen(6)))
-    assert A.legacy_policy(1) == "glyphs" and A.legacy_policy(3) == "photos"
 
 
 @pytest.mark.parametrize("policy", list(A.POLICIES))

@@ -52,13 +52,14 @@ def test_a_flag_or_a_config_file_keeps_its_own_value(tmp_path):
     assert configure(toml, recipe="best", dataset="fashion-mnist")[0].model == "fast"
 
 
-def test_records_and_raw_folders_are_told_by_their_names(tmp_path):
+def test_records_and_raw_folders_are_told_by_their_names(tmp_path, monkeypatch):
     assert policy_of(None, _records(tmp_path / "any-name", "fashion-mnist")) == "clothing"
     assert policy_of(None, _records(tmp_path / "fashion-mnist-copy", "mine")) is None
     raw = tmp_path / "fashion-mnist"
     raw.mkdir()
     assert policy_of(None, raw) == "clothing"  # an IDX folder's records take the folder's name
     assert policy_of(None, tmp_path / "missing") is None  # the run itself reports a bad input
+    monkeypatch.delenv("MNISTFLOW_DATA")
     assert policy_of(None, None) == "glyphs"  # no input: MNIST
 
 

@@ -13,7 +13,7 @@ from mnistflow.artifacts import checkpoint
 from mnistflow.artifacts.rundir import LOCK, RunBusy, RunDir, RunLock
 from mnistflow.core.errors import MnistflowError
 from mnistflow.training import config as configmod
-from mnistflow.training import setup
+from mnistflow.training import claim, setup
 from mnistflow.training.api import train
 from mnistflow.training.configure import configure
 
@@ -189,7 +189,7 @@ def test_a_default_run_name_taken_by_another_run_gets_a_suffix(synthetic_records
     taken = tmp_path / "runs" / "spec-20250101-000000"
     taken.mkdir(parents=True)
     (taken / "config.toml").write_text("x")
-    monkeypatch.setattr(setup, "default_run_dir", lambda cfg: taken)
+    monkeypatch.setattr(claim, "default_run_dir", lambda cfg: taken)
     s = train(data=synthetic_records, max_steps=1, **QUICK)
     assert s["run_dir"] == str(taken.with_name(taken.name + "-2"))
     assert (taken / "config.toml").read_text() == "x"
@@ -505,7 +505,7 @@ def test_config_that_is_not_a_file_path_is_one_error(synthetic_records, tmp_path
 
 def test_a_failed_run_under_a_default_name_leaves_no_directory(synthetic_records, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(setup, "default_run_dir", lambda cfg: tmp_path / "runs" / "spec-20250101-000000")
+    monkeypatch.setattr(claim, "default_run_dir", lambda cfg: tmp_path / "runs" / "spec-20250101-000000")
     with pytest.raises(MnistflowError, match="a callback refused to start"):
         _fit_cfg(synthetic_records, None, {}, {"callbacks": [_Boom()]})
     assert not (tmp_path / "runs").exists()
