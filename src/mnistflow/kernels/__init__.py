@@ -41,7 +41,8 @@ KERNELS_ENV, AMX_ENV = "MNISTFLOW_KERNELS", "MNISTFLOW_AMX"
 _ON, _OFF = ("1", "on", "true", "yes"), ("0", "off", "false", "no")
 CSRC = Path(__file__).parent / "csrc"
 SOURCES = ("maxpool.c", "bnrelu.c", "layout.c", "wgrad.c", "muon.c")  # compiled, in csrc/
-HEADERS = ("mnistflow_kernels.h", "bf16.h", "bnrelu_impl.h", "amx.h", "vnni.h")  # included by them
+# included by them (<op>_impl.h: a kernel written once, included by <op>.c once per element type)
+HEADERS = ("mnistflow_kernels.h", "bf16.h", "maxpool_impl.h", "bnrelu_impl.h", "layout_impl.h", "amx.h", "vnni.h")
 # hidden by default: the library exports exactly what mnistflow_kernels.h declares
 CFLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11", "-fvisibility=hidden")
 
