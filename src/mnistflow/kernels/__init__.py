@@ -62,7 +62,7 @@ SIGNATURES = {
     "bnrelu_backward_bf16": _BN_BACKWARD, "bnrelu_backward_f32": _BN_BACKWARD,
     "bnrelu_eval_bf16": ([_P, _P, _P, _P, _I, _I, _N], None), "bnrelu_eval_f32": ([_P, _P, _P, _P, _I, _I, _N], None),
     "swap_nc_u16": ([_P, _P, _I, _I, _I, _N], None), "swap_nc_u32": ([_P, _P, _I, _I, _I, _N], None),
-    "col2im_bf16": ([_P, _P, _I, _I, _I, _I, _I, _N], None), "col2im_f32": ([_P, _P, _I, _I, _I, _I, _I, _N], None),
+    "col2im_bf16": ([_P, _P, _I, _I, _I, _I, _I, _N], _N), "col2im_f32": ([_P, _P, _I, _I, _I, _I, _I, _N], _N),
     "amx_request": ([], _N),  # 0: this process may use AMX tiles
     # last argument: 1 AMX tiles, 0 AVX-512-BF16; returns 0; 1 no memory; 2 shape; -1 not in this build
     "conv3x3_wgrad_bf16": ([_P, _P, _P, _I, _I, _I, _I, _I, _N, _N], _N),

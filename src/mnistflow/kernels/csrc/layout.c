@@ -7,13 +7,16 @@
  * Elements are moved as 2- or 4-byte words (no arithmetic); blocks of 16 x 16 keep the
  * strided side of the copy within a few cache lines.
  *
- * col2im: one pass writing each element once (PyTorch's zero fill plus one strided add per
- * window took 0.5 ms on the fast net's 384 x 4 x 4 x 48 map, longer than the matrix product
- * that made the shares).
+ * The input gradient of a VALID K x K convolution from each window's share of it (col2im):
+ * one pass writing each element once, sums in fp32 (PyTorch's zero fill plus one strided add
+ * per window took 0.5 ms on the fast net's 384 x 4 x 4 x 48 map, longer than the matrix
+ * product that made the shares).
  *
  * The kernels are written once, in layout_impl.h, included below once per element size.
  */
+#include <omp.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 #include "bf16.h"
 #include "mnistflow_kernels.h"

@@ -18,33 +18,47 @@ void WORD_NAME(swap_nc)(const WORD *src, WORD *dst, int64_t N, int64_t P, int64_
             }
 }
 
-/* The input gradient of a VALID K x K convolution from each window's share of it (col2im):
- * gc (N, OH, OW, K, K, C) -> gx (N, H, W, C), gx[n, y, x] = sum over the windows (i, j) that
- * hold pixel (y, x) of gc[n, i, j, y - i, x - j]. One pass writing each element once, sums in
- * fp32. */
-void NAME(col2im)(const T *restrict gc, T *restrict gx, int64_t N, int64_t H, int64_t W, int64_t C, int64_t K,
-                  int threads) {
+/* acc (C floats) += the shares of pixel (y, x) of image n: gc[n, i, j, y - i, x - j] for each
+ * window (i, j) that holds it. */
+static inline void NAME(col2im_gather)(const T *restrict gc, float *restrict acc, int64_t n, int64_t y, int64_t x,
+                                       int64_t OH, int64_t OW, int64_t C, int64_t K) {
+    const int64_t i0 = y - K + 1 > 0 ? y - K + 1 : 0, i1 = y < OH - 1 ? y : OH - 1;
+    const int64_t j0 = x - K + 1 > 0 ? x - K + 1 : 0, j1 = x < OW - 1 ? x : OW - 1;
+    for (int64_t i = i0; i <= i1; i++)
+        for (int64_t j = j0; j <= j1; j++) {
+            const T *restrict s = gc + ((((n * OH + i) * OW + j) * K + (y - i)) * K + (x - j)) * C;
+            #pragma omp simd
+            for (int64_t c = 0; c < C; c++) acc[c] += LOAD(s[c]);
+        }
+}
+
+/* gc (N, OH, OW, K, K, C) -> gx (N, H, W, C), OH = H - K + 1, OW = W - K + 1: each pixel summed
+ * in fp32 in its thread's C floats (a 64-byte-aligned slice of sums: no false sharing), then
+ * written once. Returns 1 when out of memory. */
+int NAME(col2im)(const T *restrict gc, T *restrict gx, int64_t N, int64_t H, int64_t W, int64_t C, int64_t K,
+                 int threads) {
     const int64_t OH = H - K + 1, OW = W - K + 1;
-    #pragma omp parallel for num_threads(threads) schedule(static)
-    for (int64_t n = 0; n < N; n++) {
-        float acc[C];
-        for (int64_t y = 0; y < H; y++)
-            for (int64_t x = 0; x < W; x++) {
-                #pragma omp simd
-                for (int64_t c = 0; c < C; c++) acc[c] = 0.f;
-                int64_t i0 = y - K + 1 > 0 ? y - K + 1 : 0, i1 = y < OH - 1 ? y : OH - 1;
-                int64_t j0 = x - K + 1 > 0 ? x - K + 1 : 0, j1 = x < OW - 1 ? x : OW - 1;
-                for (int64_t i = i0; i <= i1; i++)
-                    for (int64_t j = j0; j <= j1; j++) {
-                        const T *restrict s = gc + ((((n * OH + i) * OW + j) * K + (y - i)) * K + (x - j)) * C;
-                        #pragma omp simd
-                        for (int64_t c = 0; c < C; c++) acc[c] += LOAD(s[c]);
-                    }
-                T *restrict d = gx + ((n * H + y) * W + x) * C;
-                #pragma omp simd
-                for (int64_t c = 0; c < C; c++) d[c] = STORE(acc[c]);
-            }
+    if (threads < 1) threads = 1;
+    const int64_t stride = (C / 16 + 1) * 16;  /* floats per thread: whole cache lines, one at least */
+    float *sums = aligned_alloc(64, (size_t)threads * stride * sizeof(float));
+    if (!sums) return 1;
+    #pragma omp parallel num_threads(threads)
+    {
+        float *restrict acc = __builtin_assume_aligned(sums + omp_get_thread_num() * stride, 64);
+        #pragma omp for schedule(static)
+        for (int64_t n = 0; n < N; n++)
+            for (int64_t y = 0; y < H; y++)
+                for (int64_t x = 0; x < W; x++) {
+                    #pragma omp simd
+                    for (int64_t c = 0; c < C; c++) acc[c] = 0.f;
+                    NAME(col2im_gather)(gc, acc, n, y, x, OH, OW, C, K);
+                    T *restrict d = gx + ((n * H + y) * W + x) * C;
+                    #pragma omp simd
+                    for (int64_t c = 0; c < C; c++) d[c] = STORE(acc[c]);
+                }
     }
+    free(sums);
+    return 0;
 }
 
 #undef NAME
