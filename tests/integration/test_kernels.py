@@ -334,13 +334,13 @@ def test_on_a_cpu_with_avx512_bf16_and_no_amx_the_bf16_kernels_run_on_the_vector
 
     lib = _engine(False).library()
     monkeypatch.setattr(lib, "amx_request", lambda: 1)
-    monkeypatch.setattr(kernels, "_amx", {})
-    monkeypatch.setattr(kernels, "_vector", {})
+    monkeypatch.setattr(kernels._state, "amx", kernels._Verdict())
+    monkeypatch.setattr(kernels._state, "vector", kernels._Verdict())
     assert not kernels.amx_available() and kernels.bf16_engine() == "avx512-bf16"
     assert kernels.bf16_reason() == "native kernels, AVX-512-BF16 (no AMX)"
     assert kernels.used()["avx512_bf16"] == "loaded"
     monkeypatch.setattr(cpu, "cpu_flags", lambda: frozenset({"avx2", "avx512f"}))
-    monkeypatch.setattr(kernels, "_vector", {})
+    monkeypatch.setattr(kernels._state, "vector", kernels._Verdict())
     assert kernels.bf16_engine() is None
     assert kernels.bf16_reason() == "PyTorch's (the AVX-512-BF16 kernels: unavailable: no AVX-512-BF16)"
 
@@ -438,7 +438,7 @@ def test_without_amx_the_fast_net_trains_on_the_vector_kernel_or_pytorchs_gradie
     y = torch.randint(0, 10, (64,))
     here = _fast_step(copy.deepcopy(model), x, y, bf16=True)
     monkeypatch.setattr(lib, "amx_request", lambda: 1)
-    monkeypatch.setattr(kernels, "_amx", {})
+    monkeypatch.setattr(kernels._state, "amx", kernels._Verdict())
     assert not kernels.amx_available()
     assert optim._muon_kernel() == (kernels.bf16_engine() == "avx512-bf16")
     assert kernels.amx_reason() == "unavailable: no AMX (this CPU, the OS or the compiler)"
@@ -446,7 +446,7 @@ def test_without_amx_the_fast_net_trains_on_the_vector_kernel_or_pytorchs_gradie
     vector = _fast_step(copy.deepcopy(model), x, y, bf16=True)
     assert ("conv3x3_wgrad" in kernels.used()["ops"]) == (kernels.bf16_engine() == "avx512-bf16")
     monkeypatch.setattr(cpu, "cpu_flags", lambda: frozenset({"avx2"}))  # nor AVX-512-BF16
-    monkeypatch.setattr(kernels, "_vector", {})
+    monkeypatch.setattr(kernels._state, "vector", kernels._Verdict())
     assert kernels.bf16_engine() is None and not optim._muon_kernel()
     kernels.reset_used()
     plain = _fast_step(copy.deepcopy(model), x, y, bf16=True)

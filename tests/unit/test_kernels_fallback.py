@@ -23,7 +23,7 @@ CL = torch.channels_last
 @pytest.fixture(autouse=True)
 def _no_native_library(monkeypatch):
     monkeypatch.setenv("MNISTFLOW_KERNELS", "0")
-    monkeypatch.setattr(kernels, "_amx", {})
+    monkeypatch.setattr(kernels._state, "amx", kernels._Verdict())
     kernels.library.cache_clear()
     kernels.reset_used()
     yield
@@ -83,8 +83,7 @@ def test_amx_off_says_so(monkeypatch):
 
 def test_used_records_ops_once_sorted_and_builds_nothing(monkeypatch):
     monkeypatch.setattr(kernels, "build", lambda *a: pytest.fail("used() must not build the library"))
-    monkeypatch.setattr(kernels, "_state", {"reason": "not loaded yet"})
-    monkeypatch.setattr(kernels, "_vector", {})
+    monkeypatch.setattr(kernels, "_state", kernels._State())
     assert kernels.used() == {"native": "not loaded yet", "amx": "not checked", "avx512_bf16": "not checked",
                               "ops": []}
     for op in ("maxpool2x2", "bnrelu", "maxpool2x2"):
