@@ -181,7 +181,7 @@ def warm(port: int, payload, n: int = 30) -> None:
 
 def train_model(data_dir: Path, out: Path) -> Path:
     from mnistflow.data.prepare import prepare
-    from mnistflow.training.loop import train
+    from mnistflow.training.api import train
 
     rec = prepare("mnist", data_dir, out / "records", quiet=True)
     train(recipe="fast", epochs=1, data=rec, run_dir=out / "run", quiet=True, threads=1, tensorboard=False)

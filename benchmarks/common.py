@@ -5,10 +5,10 @@ import os
 import platform
 
 
-def machine(device: str = "cpu") -> str:
-    """The CPU (or, for a CUDA device, the GPU first), Python, torch and threads, in one line."""
-    import torch
-
+def cpu_line() -> str:
+    """The CPU in a few words: its model name (as lscpu shows it, from /proc/cpuinfo), family and
+    model (the name alone, "AMD EPYC" in a VM, does not tell the generation) and the flags that
+    decide mnistflow's speed."""
     try:
         from mnistflow.runtime.cpu import cpu_flags, cpu_info
 
@@ -16,14 +16,26 @@ def machine(device: str = "cpu") -> str:
     except ImportError:
         info, f = {}, frozenset()
     cpu = info.get("model name", "unknown CPU")
-    if info.get("cpu family"):  # the model name alone ("AMD EPYC" in a VM) does not tell the generation
+    if info.get("cpu family"):
         cpu += f" (family {info['cpu family']} model {info.get('model', '?')})"
-    flags = " ".join(x for x in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if x in f)
-    gpu = ""
+    return cpu + " [" + " ".join(x for x in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if x in f) + "]"
+
+
+def gpu_line(device: str) -> str:
+    """"NAME (CUDA x.y), host " for a CUDA device, else ""."""
+    import torch
+
     if device.startswith("cuda") and torch.cuda.is_available():
-        gpu = f"{torch.cuda.get_device_name(torch.device(device))} (CUDA {torch.version.cuda}), host "
-    return (f"{gpu}{cpu} [{flags}], {len(os.sched_getaffinity(0))} cores, Python {platform.python_version()},"
-            f" torch {torch.__version__}, threads {torch.get_num_threads()}")
+        return f"{torch.cuda.get_device_name(torch.device(device))} (CUDA {torch.version.cuda}), host "
+    return ""
+
+
+def machine(device: str = "cpu") -> str:
+    """The CPU (or, for a CUDA device, the GPU first), Python, torch and threads, in one line."""
+    import torch
+
+    return (f"{gpu_line(device)}{cpu_line()}, {len(os.sched_getaffinity(0))} cores, Python "
+            f"{platform.python_version()}, torch {torch.__version__}, threads {torch.get_num_threads()}")
 
 
 def table(rows: list[dict], cols: list[str]) -> str:

@@ -1,10 +1,13 @@
 """The time-to-accuracy curve on MNIST: for each test accuracy (99.0 / 99.3 / 99.5 / 99.6 / 99.7%)
 the time mnistflow's cheapest recipe takes to reach it on every seed, beside baselines A and B
-measured in the same run. Prints the table and writes it as a PNG plot (matplotlib, optional).
+measured in the same run. Prints the table, writes it as a PNG plot (matplotlib, optional) and
+records every seed's figures in the results file (src/mnistflow/training/measured.json, the entry
+for this kind of machine: benchmarks/results.py), from which ``--target-acc`` picks and
+benchmarks/render_docs.py renders the docs' tables.
 
     MNISTFLOW_DATA=../shared/data/mnist python benchmarks/frontier.py [--seeds 0 1 2]
         [--recipes fast fast-plus seed-cnn mid best] [--cap-s 300] [--png benchmarks/frontier.png]
-        [--device cuda]
+        [--device cuda] [--no-record]
 
 On a GPU (``--device cuda``: bf16, the records resident on the GPU) everything runs there,
 the baselines too, and one untimed ``fast`` run first pays the process's one-time costs
@@ -33,11 +36,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import machine, table  # noqa: E402
+from results import LEVELS, RESULTS, baseline_result, machine_kind, provenance, recipe_result, record  # noqa: E402
 from time_to_accuracy import baseline_a, baseline_b  # noqa: E402
 
 import torch  # noqa: E402
-
-LEVELS = (0.990, 0.993, 0.995, 0.996, 0.997)
 
 
 def first_reach(accs: list[float], times: list[float], level: float) -> float | None:
@@ -88,6 +90,8 @@ def main() -> None:
     ap.add_argument("--png", type=Path, default=Path(__file__).resolve().parent / "frontier.png")
     ap.add_argument("--device", default="cpu", help="cpu, or cuda: every row (baselines too) runs there")
     ap.add_argument("--no-warmup", action="store_true", help="GPU: no untimed run before the timed ones")
+    ap.add_argument("--results", type=Path, default=RESULTS, help="the results file to update")
+    ap.add_argument("--no-record", action="store_true", help="leave the results file as it is")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     import mnistflow
@@ -111,6 +115,7 @@ def main() -> None:
     series: dict[str, list[float | None]] = {}
     picks = [curve(runs, lv) for lv in LEVELS]
     series["mnistflow (cheapest recipe)"] = [p[0] if p else None for p in picks]
+    prov, baselines = provenance(a.device), {}
     if not a.no_baselines:
         b = baseline_b(rec, a.cap_s, target=max(LEVELS), device=a.device)
         series["B: tutorial CNN (Adam 1e-4, batch 50)"] = [first_reach(b["accs"], b["times"], lv) for lv in LEVELS]
@@ -118,6 +123,11 @@ def main() -> None:
         series["A: PyTorch example"] = [first_reach(A["accs"], A["times"], lv) for lv in LEVELS]
         print(f"B: best {100 * max(b['accs']):.2f}% in {b['epochs']} epochs; "
               f"A: best {100 * max(A['accs']):.2f}% in {A['epochs']} epochs (cap {a.cap_s:.0f} s)")
+        baselines = {"A": baseline_result(prov, a.cap_s, A, LEVELS), "B": baseline_result(prov, a.cap_s, b, LEVELS)}
+    if not a.no_record:
+        precision = next(iter(runs.values()))[0]["precision"]
+        record(machine_kind(a.device, precision), precision, "mnist",
+               {name: recipe_result(prov, a.seeds, rs) for name, rs in runs.items()}, baselines, a.results)
     rows = []
     for i, lv in enumerate(LEVELS):
         row = {"test acc": f"{100 * lv:.1f}%",

@@ -56,7 +56,7 @@ def records_without_test(full: Path, view: Path) -> Path:
     """``view``: a copy of the records ``full`` without their test split: the same train and
     val files (hard links where the file system has them) and a meta.json that lists no test
     split, its checksum made by the records' own function. Made once; returns ``view``."""
-    from mnistflow.data.record_check import meta_checksum
+    from mnistflow.data.records import meta_checksum
 
     if not (view / "meta.json").exists():
         view.mkdir(parents=True, exist_ok=True)

@@ -7,19 +7,10 @@ The public API mirrors the CLI verbs (each verb calls one of these)::
     result = mnistflow.train(recipe="seed-cnn", data=rec)
     result = mnistflow.train(MyNet, data=rec, callbacks=[mnistflow.EarlyStopping(patience=2)])
 
-Names are resolved lazily so that ``import mnistflow`` stays cheap.
-
-OpenMP's wait policy is chosen when mnistflow is imported before torch (as the ``mnistflow``
-command does) and the user set neither ``OMP_WAIT_POLICY`` nor ``GOMP_SPINCOUNT``: on an idle
-machine libgomp's default (threads spin a while at each barrier), beside other running processes
-``OMP_WAIT_POLICY=PASSIVE`` (``core.openmp``). torch imported first keeps libgomp's default.
+Names are resolved lazily so that ``import mnistflow`` stays cheap, and importing it changes
+nothing in the process (no environment variable, no thread setting).
 """
 from __future__ import annotations
-
-
-from mnistflow.core import openmp as _openmp
-
-_openmp.choose_at_import()  # before anything imports torch: libgomp reads the policy once
 
 __version__ = "0.1.0"
 
@@ -48,7 +39,17 @@ _API = {
     "report": ("mnistflow.reporting", "report"),
 }
 
-__all__ = sorted(_API) + ["__version__"]
+__all__ = sorted(_API) + ["__version__", "tune_openmp"]
+
+
+def tune_openmp() -> str | None:
+    """Choose OpenMP's wait policy as the ``mnistflow`` command does: threads sleep at once
+    (``OMP_WAIT_POLICY=PASSIVE``) when other processes are running, spin a while when the machine
+    is idle. Call it before importing torch (libgomp reads the policy once); it does nothing when
+    torch is loaded or the policy is set already. Returns "spin", "passive" or None (not chosen)."""
+    from mnistflow.core import openmp
+
+    return openmp.choose_at_start()
 
 
 def __dir__() -> list[str]:

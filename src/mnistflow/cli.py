@@ -13,14 +13,16 @@ import argparse
 import os
 import sys
 from pathlib import Path
+from typing import NoReturn
 
+from mnistflow.core import choices
 from mnistflow.core.errors import MnistflowError, one_line
 
 PROG = "mnistflow"
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:  # noqa: F821  (one line, no usage dump)
+    def error(self, message: str) -> NoReturn:  # one line, no usage dump
         sys.stderr.write(f"{PROG}: error: {one_line(message)} (see '{self.prog} --help')\n")
         raise SystemExit(2)
 
@@ -63,8 +65,9 @@ def _size(text: str) -> tuple[int, int]:
 
 def _add_prep(sub) -> None:
     p = sub.add_parser("prep", help="prepare records once from raw data (IDX, folder, CSV, npz, TFRecord)")
-    p.add_argument("dataset", nargs="?", help="a known dataset: mnist, fashion-mnist, kmnist, qmnist, emnist-<split> "
-                        "(letters, digits, balanced, byclass, bymerge, mnist), cifar10")
+    from mnistflow.data.known import HELP
+
+    p.add_argument("dataset", nargs="?", help=f"a known dataset: {HELP}")
     p.add_argument("--data", type=Path, help="raw input: a file or folder (default: $MNISTFLOW_DATA)")
     p.add_argument("--out", type=Path, help="records directory to write (default: in the cache)")
     p.add_argument("--val-size", type=_int_in(0, MAX_INT), default=None,
@@ -106,19 +109,6 @@ def _run_records(a) -> int:
     print("checksums OK")
     return 0
 
-
-def _batch_size(text: str) -> int | str:
-    if text == "auto":
-        return text
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number or auto, got '{text}'") from None
-
-
-# TrainConfig annotations (strings: the module uses postponed annotations) -> flag value types;
-# bool fields become --x / --no-x. A field of another type fails here, at parser build.
-_FLAG_TYPES = {"str": str, "int": int, "float": float, "int | str": _batch_size}
 
 # The profile verb: a short run around the profiled steps, without TensorBoard event files.
 PROFILE_DEFAULTS = {"profile_steps": "5:15", "tensorboard": False}
@@ -162,7 +152,7 @@ def _train_flags(p: argparse.ArgumentParser, argv: list[str], verb_defaults: dic
     applies: the field's default, or the --recipe's when argv names one."""
     from dataclasses import fields
 
-    from mnistflow.training.config import GROUPS, TrainConfig
+    from mnistflow.training.config import GROUPS, TrainConfig, flag
 
     shown, note = _shown_defaults(_recipe_in(argv), verb_defaults)
     if note:
@@ -174,23 +164,18 @@ def _train_flags(p: argparse.ArgumentParser, argv: list[str], verb_defaults: dic
     run.add_argument("--nproc", type=_int_in(1, MAX_PROCESSES), metavar="N",
                      help="data parallel on this machine: re-run this command under torchrun with N processes")
     for f in fields(TrainConfig):
-        g = groups[f.metadata["group"]]
-        flag = "--" + f.name.replace("_", "-")
-        helptext = f.metadata["help"]
-        if shown[f.name] is not None:
-            helptext += f" (default: {shown[f.name]})"
-        if f.name == "resume":  # --resume alone: the latest checkpoint
-            g.add_argument(flag, nargs="?", const="latest", default=None, metavar="PATH", help=helptext)
-        elif f.name == "augment":  # --augment alone: auto, --no-augment: off (the switch it was)
-            g.add_argument(flag, nargs="?", const="auto", default=None, metavar="POLICY", help=helptext)
-            g.add_argument("--no-augment", dest=f.name, action="store_const", const="off",
-                           help=argparse.SUPPRESS)
-        elif f.type == "bool":
-            g.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=None,
+        g, meta = groups[f.metadata["group"]], f.metadata
+        helptext = meta["help"] + (f" (default: {shown[f.name]})" if shown[f.name] is not None else "")
+        if meta["rule"].kind is bool:
+            g.add_argument(flag(f.name), dest=f.name, action=argparse.BooleanOptionalAction, default=None,
                            help=helptext)
-        else:
-            kind = _FLAG_TYPES[f.type.removesuffix(" | None")]
-            g.add_argument(flag, dest=f.name, type=kind, default=None, help=helptext)
+            continue
+        options = dict(meta["flag"])
+        off = options.pop("off", None)  # --no-<flag>: this value (--no-augment: off)
+        g.add_argument(flag(f.name), dest=f.name, type=meta["parse"], default=None, help=helptext, **options)
+        if off is not None:
+            g.add_argument("--no-" + flag(f.name)[2:], dest=f.name, action="store_const", const=off,
+                           help=argparse.SUPPRESS)
 
 
 def _add_train(sub, argv: list[str], flags: bool = True) -> None:
@@ -236,22 +221,24 @@ def _profile_settings(given: dict) -> dict:
 def _run_train(a) -> int:
     from dataclasses import fields
 
+    from mnistflow.training.api import train
+    from mnistflow.training.checkpointing import TrainingInterrupted
     from mnistflow.training.config import TrainConfig
-    from mnistflow.training.loop import TrainingInterrupted, train
 
     given = {f.name: getattr(a, f.name) for f in fields(TrainConfig) if getattr(a, f.name) is not None}
     if a.profile:
         given = _profile_settings(given)
     if a.nproc is not None:
         from mnistflow.runtime.dist import env_info, launch_local
-        from mnistflow.training.loop import resolve_config
+        from mnistflow.training.configure import configure
+        from mnistflow.training.setup import check_run_inputs
 
         if env_info().enabled:
             raise MnistflowError("--nproc is for a plain command; under torchrun leave it out")
-        resolve_config(a.config, **given)  # a bad setting is one line here, not one per process
+        check_run_inputs(configure(a.config, **given)[0])  # a bad setting: one line here, not one per process
         return launch_local(a.nproc, _without_nproc(sys.argv[1:]))
     try:
-        train(a.config, **given)
+        train(config=a.config, **given)
     except TrainingInterrupted as e:  # a checkpoint was saved: 130 (SIGINT) / 143 (SIGTERM)
         from mnistflow.core import progress
 
@@ -292,7 +279,7 @@ def _add_eval(sub) -> None:
     p.add_argument("--batch-size", type=_int_in(1, MAX_INT), default=2000)
     p.add_argument("--tta", type=int, default=0, metavar="N",
                    help="average each prediction over N one-pixel shifts too (0, 2, 4, 8), as --tta in training")
-    p.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16"],
+    p.add_argument("--precision", default="auto", choices=choices.PRECISIONS,
                    help="auto: the precision the run's own evaluations used, where this device runs it fast "
                         "(so eval repeats the run's figure), else fp32")
     p.add_argument("--json", action="store_true", help="print the result as one JSON object")
@@ -469,6 +456,9 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from mnistflow.core import openmp
+
+    openmp.choose_at_start()  # before anything imports torch: libgomp reads the policy once
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser(argv).parse_args(argv)
     from mnistflow.core import progress

@@ -30,7 +30,7 @@ from mnistflow.artifacts.runlog import describe_views, read_summary
 from mnistflow.core.errors import MnistflowError
 from mnistflow.core.log import warn
 from mnistflow.data.augment import mirror_safe
-from mnistflow.models.evaluate import TTA_VIEWS
+from mnistflow.core.choices import TTA_VIEWS
 from mnistflow.runtime.cpu import set_threads
 from mnistflow.runtime.device import Amp, pick_device, pick_precision
 
@@ -61,7 +61,7 @@ def evaluate(model_path: str | Path, split: str = "test", *, data: str | Path | 
     if isinstance(model, OnnxBackend):
         dev = model.device
     rec = open_data(data, fallback=info.records)
-    if rec.shape != (info.in_shape[1], info.in_shape[2], info.in_shape[0]):
+    if rec.in_shape != tuple(info.in_shape):
         raise MnistflowError(f"records hold {rec.shape} images but the model takes "
                              f"{tuple(info.in_shape)} (C, H, W)", rec.path)
     outputs = outputs_of_records(info, rec, split)  # checked before any image is classified

@@ -19,7 +19,7 @@ restarted workers, ``--nproc``): add ``env(...)`` to its environment::
 :func:`install_from_env`, which patches each module right after its first import (a hook on
 ``sys.meta_path``), so a process that never imports it pays nothing.
 
-To add a fault (the data-delay hook, say), write one function with ``@fault("mnistflow.x")``.
+To add a fault, write one function with ``@fault("mnistflow.x")``.
 """
 from __future__ import annotations
 
@@ -66,6 +66,21 @@ def slow_save(checkpoint: ModuleType, seconds: float, setattr: Setter = setattr,
         real(path, slowly)
 
     setattr(checkpoint, "atomic_write", atomic_write)
+
+
+@fault("mnistflow.training.setup")
+def data_delay(setup: ModuleType, seconds: float, setattr: Setter = setattr) -> None:
+    """The run's data is streamed from disk and its training reader sleeps ``seconds`` per batch:
+    a run slow enough to signal, kill or watch wait for its data."""
+    real = setup.make_loader
+
+    def make_loader(rec, split, *, train: bool = True, **kw):
+        kw["resident"] = "no"
+        if train:
+            kw["delay_s"] = seconds
+        return real(rec, split, train=train, **kw)
+
+    setattr(setup, "make_loader", make_loader)
 
 
 # --- how they get in ----------------------------------------------------------------------------

@@ -51,7 +51,7 @@ def raw_dataset(n_train: int = 600, n_test: int = 200, **kw):
 
 def write_records(out: Path, n_train: int = 600, n_test: int = 200, val_size: int = 100, **kw) -> Path:
     """Synthetic digits written as a record set (the format ``mnistflow prep`` writes)."""
-    from mnistflow.data.records import write_records as write
+    from mnistflow.data.write_records import write_records as write
 
     return write(raw_dataset(n_train, n_test, **kw), Path(out), key="synthetic", options={"synthetic": kw},
                  source_checksums={}, val_size=val_size)

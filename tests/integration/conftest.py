@@ -8,7 +8,7 @@ import pytest
 def serve_model(mnist_records, tmp_path_factory):
     """A run directory with a ``fast`` model trained for one epoch (~98.5% test accuracy),
     shared by every serve test (the JSON API and the browser)."""
-    from mnistflow.training.loop import train
+    from mnistflow.training.api import train
 
     run = tmp_path_factory.mktemp("serve") / "run"
     s = train(recipe="fast", epochs=1, data=mnist_records, run_dir=run, quiet=True, threads=1,

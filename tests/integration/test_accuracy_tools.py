@@ -17,7 +17,7 @@ from mnistflow.inference import evaluate
 from mnistflow.models import create_model
 from mnistflow.models.evaluate import tta_logits
 from mnistflow.models.whiten import whiten_first_conv
-from mnistflow.training.loop import train
+from mnistflow.training.api import train
 
 QUIET = dict(quiet=True, threads=1, tensorboard=False)
 

@@ -20,14 +20,14 @@ from helpers.cli import assert_one_line_error, run_cli
 from mnistflow.artifacts import checkpoint
 from mnistflow.core.errors import MnistflowError
 from mnistflow.models import create_model
-from mnistflow.training.loop import train
+from mnistflow.training.api import train
 
 QUIET = dict(quiet=True, threads=1, tensorboard=False)
 
 
 def _small_run(records, run_dir, **kw):
     args = dict(model="mlp", data=str(records), run_dir=str(run_dir), max_steps=30, batch_size=64,
-                augment=True, checkpoint_every=10, eval_every=10, log_every=10, **QUIET)
+                augment="auto", checkpoint_every=10, eval_every=10, log_every=10, **QUIET)
     args.update(kw)
     return train(**args)
 

@@ -78,7 +78,7 @@ def test_predict_on_an_idx_file_and_a_png(mnist_records, mnist_dir, tmp_path):
     from PIL import Image
 
     from mnistflow.data.formats.idx import read_idx
-    from mnistflow.training.loop import train
+    from mnistflow.training.api import train
 
     train(recipe="softmax", data=mnist_records, run_dir=tmp_path / "run", quiet=True, threads=1,
           tensorboard=False)

@@ -16,7 +16,7 @@ from mnistflow.runtime import dist
 from mnistflow.core.errors import MnistflowError
 from mnistflow.runtime.cpu import busy_cores_elsewhere, default_threads, threads_for_load, usable_cores
 from mnistflow.runtime.device import pick_device, pick_precision
-from mnistflow.training.loop import train
+from mnistflow.training.api import train
 
 TINY = dict(model="softmax", max_steps=2, batch_size=32, threads=1, quiet=True, tensorboard=False,
             keep_checkpoints=0, validate=False)
@@ -234,7 +234,7 @@ def test_the_fast_recipe_on_a_gpu_reaches_99_percent_in_its_precision(mnist_reco
 @gpu
 def test_a_gpu_run_resumes_exactly(mnist_records, tmp_path):
     # The checkpoint holds the CUDA generator's state too: resuming must continue the same run.
-    common = dict(model="mlp", data=str(mnist_records), batch_size=64, augment=True, quiet=True, device="cuda",
+    common = dict(model="mlp", data=str(mnist_records), batch_size=64, augment="auto", quiet=True, device="cuda",
                   precision="fp32", tensorboard=False, checkpoint_every=20)
     train(run_dir=str(tmp_path / "a"), epochs=0.05, **common)
     s = train(run_dir=str(tmp_path / "a"), resume=True, epochs=0.1, quiet=True)

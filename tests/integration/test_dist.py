@@ -16,12 +16,13 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from helpers import inject
 from helpers.cli import run_cli
 from mnistflow.artifacts import checkpoint
 from mnistflow.training.config import TrainConfig
 from mnistflow.data.loader import epoch_order, make_loader
 from mnistflow.data.records import open_records
-from mnistflow.training.loop import train
+from mnistflow.training.api import train
 from mnistflow.training.resume import keep_global_batch, resume_differences
 
 # No batch norm, no dropout: one process and two are then equal up to float summation order.
@@ -205,7 +206,7 @@ def test_sigterm_stops_every_rank_at_one_step_and_one_process_resumes(mnist_reco
     run, ref = tmp_path / "run", tmp_path / "ref"
     proc = torchrun("train", "--model", "softmax", "--data", str(mnist_records), "--run-dir", str(run),
                     "--batch-size", "32", "--max-steps", "2000", "--checkpoint-every", "1000", *COMMON,
-                    env={"MNISTFLOW_INJECT_DATA_DELAY": "0.01"}, popen=True)  # ~100 steps/s
+                    env=inject.env(data_delay=0.01), popen=True)  # ~100 steps/s
     _wait_for_step(run, proc, 15)
     proc.send_signal(signal.SIGTERM)  # torchrun passes it to every rank
     out = proc.communicate(timeout=60)[0]
@@ -237,7 +238,7 @@ def test_a_dead_or_hung_rank_ends_the_job_promptly(mnist_records, tmp_path, how)
     run = tmp_path / "run"
     proc = torchrun("train", "--model", "softmax", "--data", str(mnist_records), "--run-dir", str(run),
                     "--batch-size", "32", "--max-steps", "5000", "--no-tensorboard", *COMMON,
-                    env={"MNISTFLOW_INJECT_DATA_DELAY": "0.01",
+                    env={**inject.env(data_delay=0.01),
                          "MNISTFLOW_DIST_TIMEOUT": "30" if how == "kill" else "10"}, popen=True)
     ranks: dict = {}
     try:
@@ -277,7 +278,7 @@ def test_torchrun_restarts_continue_from_the_latest_checkpoint(mnist_records, tm
             "--batch-size", "32", "--max-steps", "120", "--checkpoint-every", "20", "--no-tensorboard", *COMMON]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
            "--max-restarts=1", "-m", "mnistflow", *args]
-    env = dict(os.environ, OMP_NUM_THREADS="1", MNISTFLOW_DIST_TIMEOUT="10", MNISTFLOW_INJECT_DATA_DELAY="0.01")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MNISTFLOW_DIST_TIMEOUT": "10", **inject.env(data_delay=0.01)}
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     try:
         _wait_for_step(run, proc, 45)

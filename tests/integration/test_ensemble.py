@@ -15,7 +15,7 @@ from mnistflow.data.normalize import normalize
 from mnistflow.data.records import open_records
 from mnistflow.inference import evaluate
 from mnistflow.models.ensemble import Ensemble
-from mnistflow.training.loop import train
+from mnistflow.training.api import train
 
 
 @pytest.fixture(scope="module")

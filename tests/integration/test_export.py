@@ -17,7 +17,7 @@ from mnistflow.inference import evaluate
 from mnistflow.artifacts.npz import NPZ_META_KEY, load_npz_into, read_npz
 from mnistflow.exporting import export, format_export
 from mnistflow.models import create_model, list_models
-from mnistflow.training.loop import train
+from mnistflow.training.api import train
 
 
 @pytest.fixture(scope="module")

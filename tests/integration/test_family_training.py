@@ -12,7 +12,7 @@ import torch
 from helpers.cli import REPO, run_cli
 
 from mnistflow.training.config import load_toml
-from mnistflow.training.loop import train
+from mnistflow.training.api import train
 
 FASHION_DIR = REPO.parent / "shared" / "data" / "fashion-mnist"
 QUIET = dict(quiet=True, threads=1, tensorboard=False)
@@ -33,7 +33,7 @@ def _family_member(out: Path, name: str, *, channels: int, size: int, classes: i
     from helpers.synthetic import digits
 
     from mnistflow.data.formats.raw import RawDataset, RawSplit
-    from mnistflow.data.records import write_records
+    from mnistflow.data.write_records import write_records
 
     xtr, ytr = digits(2050, classes=classes, size=size, channels=channels)
     xte, yte = digits(100, classes=classes, size=size, channels=channels, seed=7)

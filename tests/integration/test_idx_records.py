@@ -12,7 +12,8 @@ import pytest
 
 from helpers.cli import assert_one_line_error, run_cli
 from mnistflow.data.formats.idx import parse_idx, read_idx, read_idx_pair
-from mnistflow.data.records import FORMAT_VERSION, open_records, split_train_val
+from mnistflow.data.records import FORMAT_VERSION, open_records
+from mnistflow.data.write_records import split_train_val
 from mnistflow.core.errors import MnistflowError
 from mnistflow.data.prepare import prepare
 
@@ -105,13 +106,14 @@ def test_records_cli_verifies_checksums(mnist_records, tmp_path):
     assert_one_line_error(run_cli("train", "--data", str(bad), "--max-steps", "1"), "val_y.npy")
 
 
-def test_newer_format_version_is_refused(mnist_records, tmp_path):
+def test_another_format_version_is_refused(mnist_records, tmp_path):
     new = tmp_path / "new"
     shutil.copytree(mnist_records, new)
     meta = json.loads((new / "meta.json").read_text())
     meta["format_version"] = FORMAT_VERSION + 1
     (new / "meta.json").write_text(json.dumps(meta))
-    assert_one_line_error(run_cli("records", str(new)), "newer mnistflow")
+    assert_one_line_error(run_cli("records", str(new)), f"record format {FORMAT_VERSION + 1}",
+                          "re-run 'mnistflow prep --force'")
 
 
 @pytest.mark.parametrize("damage,fragment", [

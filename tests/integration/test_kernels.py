@@ -204,6 +204,27 @@ def test_swap_batch_channels(dtype):
     assert torch.equal(swap_batch_channels(nchw), nchw.transpose(0, 1))
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("n,h,w,c,k", [(384, 4, 4, 48, 3), (5, 7, 5, 37, 3), (3, 3, 3, 5, 1)])
+def test_col2im_kernel_matches_the_reference_on_any_thread_count(n, h, w, c, k, dtype, monkeypatch):
+    """col2im sums each pixel's shares in fp32 (the reference rounds after every add in bf16):
+    the fp32 reference's values, rounded once; each thread sums in its own scratch, so one
+    thread or several give the same bits."""
+    from mnistflow.kernels import layout
+
+    gc = torch.randn(n, h - k + 1, w - k + 1, k, k, c).to(dtype)
+    want = layout.col2im_reference(gc.float(), h, w, k).to(dtype)
+    outs = []
+    for t in (1, 2, 3):
+        monkeypatch.setattr(layout, "threads", lambda t=t: t)
+        kernels.reset_used()
+        outs.append(layout.col2im(gc, h, w, k))
+        assert kernels.used()["ops"] == ["col2im"]
+    assert all(torch.equal(o, outs[0]) for o in outs)
+    tol = 1e-5 if dtype == torch.float32 else 1e-2  # float-sum order; one bf16 rounding
+    torch.testing.assert_close(outs[0].float(), want.float(), rtol=tol, atol=tol)
+
+
 def _fast_step(model, x, y, bf16: bool):
     with torch.autocast("cpu", torch.bfloat16, enabled=bf16):
         loss = F.cross_entropy(model(x).float(), y)
@@ -313,13 +334,13 @@ def test_on_a_cpu_with_avx512_bf16_and_no_amx_the_bf16_kernels_run_on_the_vector
 
     lib = _engine(False).library()
     monkeypatch.setattr(lib, "amx_request", lambda: 1)
-    monkeypatch.setattr(kernels, "_amx", {})
-    monkeypatch.setattr(kernels, "_vector", {})
+    monkeypatch.setattr(kernels._state, "amx", kernels._Verdict())
+    monkeypatch.setattr(kernels._state, "vector", kernels._Verdict())
     assert not kernels.amx_available() and kernels.bf16_engine() == "avx512-bf16"
     assert kernels.bf16_reason() == "native kernels, AVX-512-BF16 (no AMX)"
     assert kernels.used()["avx512_bf16"] == "loaded"
     monkeypatch.setattr(cpu, "cpu_flags", lambda: frozenset({"avx2", "avx512f"}))
-    monkeypatch.setattr(kernels, "_vector", {})
+    monkeypatch.setattr(kernels._state, "vector", kernels._Verdict())
     assert kernels.bf16_engine() is None
     assert kernels.bf16_reason() == "PyTorch's (the AVX-512-BF16 kernels: unavailable: no AVX-512-BF16)"
 
@@ -417,7 +438,7 @@ def test_without_amx_the_fast_net_trains_on_the_vector_kernel_or_pytorchs_gradie
     y = torch.randint(0, 10, (64,))
     here = _fast_step(copy.deepcopy(model), x, y, bf16=True)
     monkeypatch.setattr(lib, "amx_request", lambda: 1)
-    monkeypatch.setattr(kernels, "_amx", {})
+    monkeypatch.setattr(kernels._state, "amx", kernels._Verdict())
     assert not kernels.amx_available()
     assert optim._muon_kernel() == (kernels.bf16_engine() == "avx512-bf16")
     assert kernels.amx_reason() == "unavailable: no AMX (this CPU, the OS or the compiler)"
@@ -425,7 +446,7 @@ def test_without_amx_the_fast_net_trains_on_the_vector_kernel_or_pytorchs_gradie
     vector = _fast_step(copy.deepcopy(model), x, y, bf16=True)
     assert ("conv3x3_wgrad" in kernels.used()["ops"]) == (kernels.bf16_engine() == "avx512-bf16")
     monkeypatch.setattr(cpu, "cpu_flags", lambda: frozenset({"avx2"}))  # nor AVX-512-BF16
-    monkeypatch.setattr(kernels, "_vector", {})
+    monkeypatch.setattr(kernels._state, "vector", kernels._Verdict())
     assert kernels.bf16_engine() is None and not optim._muon_kernel()
     kernels.reset_used()
     plain = _fast_step(copy.deepcopy(model), x, y, bf16=True)

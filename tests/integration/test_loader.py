@@ -74,7 +74,8 @@ def test_resume_mid_epoch_keeps_the_augmentation_stream(channels):
     rng = np.random.default_rng(0)
     x = rng.integers(0, 256, (96, 12, 12, channels), dtype=np.uint8)  # records are NHWC
     L = ResidentLoader(x, np.arange(96) % 10, batch_size=16, mean=[100.0] * channels,
-                       std=[50.0] * channels, seed=4, augment=True)
+                       std=[50.0] * channels, seed=4,
+                       augment="photos" if channels == 3 else "glyphs")
     L.set_epoch(2)
     full = [xb for xb, _ in L]
     L.set_epoch(2, start_batch=4)
@@ -100,8 +101,8 @@ def test_stream_loader_augments_like_the_resident_one(mnist_records):
     """The bug this catches: the stream loader once ignored --augment without a word."""
     rec = open_records(mnist_records)
     plain = make_loader(rec, "train", batch_size=512, seed=7, resident="yes")
-    a = make_loader(rec, "train", batch_size=512, seed=7, resident="yes", augment=True)
-    b = make_loader(rec, "train", batch_size=512, seed=7, resident="no", augment=True)
+    a = make_loader(rec, "train", batch_size=512, seed=7, resident="yes", augment="glyphs")
+    b = make_loader(rec, "train", batch_size=512, seed=7, resident="no", augment="glyphs")
     for L in (plain, a, b):
         L.set_epoch(1, start_batch=100)  # a resumed epoch: the last 8 batches
     rp, ra, rb = list(plain), list(a), list(b)
@@ -115,7 +116,7 @@ def test_stream_loader_augments_like_the_resident_one(mnist_records):
 def test_augment_keeps_shapes_and_changes_pixels(mnist_records):
     rec = open_records(mnist_records)
     plain = make_loader(rec, "val", batch_size=256, seed=0)
-    aug = make_loader(rec, "val", batch_size=256, seed=0, augment=True)
+    aug = make_loader(rec, "val", batch_size=256, seed=0, augment="glyphs")
     (xp, yp), (xa, ya) = next(iter(plain)), next(iter(aug))
     assert torch.equal(yp, ya) and xp.shape == xa.shape
     assert (xp - xa).abs().mean() > 0.05

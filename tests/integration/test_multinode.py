@@ -1,6 +1,6 @@
 """Several machines, launched the way users do: one torchrun per machine (``--nnodes 2``), each
 with its own process (``--nproc-per-node 1``), meeting at a rendezvous on 127.0.0.1, either
-static (``--node-rank`` and ``--master-addr/--master-port``, as the README shows) or c10d
+static (``--node-rank`` and ``--master-addr/--master-port``, as docs/devices.md shows) or c10d
 (``--rdzv-backend c10d --rdzv-endpoint``). Two machines train like one process with the global
 batch; a machine that dies ends the other with one line; ``--max-restarts`` with ``--resume``
 continues the run from its last checkpoint on both machines."""
@@ -16,13 +16,14 @@ from pathlib import Path
 
 import psutil
 import pytest
+from helpers import inject
 from helpers.cli import assert_one_line_error, run_cli
 from integration.test_dist import COMMON, assert_same_curves, metrics, weights_close
 
 import mnistflow
 from mnistflow.core.errors import MnistflowError
 from mnistflow.runtime import dist
-from mnistflow.training.loop import train
+from mnistflow.training.api import train
 
 
 def free_port() -> int:
@@ -116,7 +117,7 @@ def test_two_machines_train_like_one_process_through_a_restart(mnist_records, tm
           log_every=5, precision="fp32", threads=1, quiet=True, tensorboard=False, optimizer="adam")
     job = nodes(["train", "--resume", "--model", "softmax", "--data", str(mnist_records), "--run-dir", str(run),
                  "--batch-size", "32", "--max-steps", "120", "--checkpoint-every", "20", "--no-tensorboard",
-                 "--json", *COMMON], rdzv=rdzv, restarts=1, env={"MNISTFLOW_INJECT_DATA_DELAY": "0.01"})
+                 "--json", *COMMON], rdzv=rdzv, restarts=1, env=inject.env(data_delay=0.01))
     job.wait_for_step(run, 45)
     for w in job.workers(1):
         w.kill()
@@ -147,7 +148,7 @@ def test_a_dead_machine_ends_the_other_with_one_line(mnist_records, tmp_path, no
     run = tmp_path / "run"
     job = nodes(["train", "--model", "softmax", "--data", str(mnist_records), "--run-dir", str(run),
                  "--batch-size", "32", "--max-steps", "5000", "--no-tensorboard", *COMMON],
-                env={"MNISTFLOW_INJECT_DATA_DELAY": "0.01", "MNISTFLOW_DIST_TIMEOUT": "60"})
+                env={**inject.env(data_delay=0.01), "MNISTFLOW_DIST_TIMEOUT": "60"})
     job.wait_for_step(run, 10)
     victim, survivor = job.procs[dies], job.procs[1 - dies]
     t0 = time.monotonic()

@@ -10,7 +10,7 @@ from safetensors.torch import load_file
 from mnistflow.kernels.muon import _newton_schulz
 from mnistflow.models import create_model
 from mnistflow.training.optim import build_optimizer
-from mnistflow.training.loop import train
+from mnistflow.training.api import train
 
 
 def _engine(tiles: bool) -> None:

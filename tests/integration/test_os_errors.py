@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from helpers.cli import assert_one_line_error, run_cli
-from mnistflow.training.loop import train
+from mnistflow.training.api import train
 
 
 def _mount(*args: str) -> str | None:

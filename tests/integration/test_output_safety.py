@@ -18,7 +18,7 @@ from mnistflow.exporting import export
 @pytest.fixture(scope="module")
 def run(mnist_records, tmp_path_factory) -> Path:
     """A short finished softmax run."""
-    from mnistflow.training.loop import train
+    from mnistflow.training.api import train
 
     r = tmp_path_factory.mktemp("outsafe") / "run"
     train(recipe="softmax", data=str(mnist_records), run_dir=str(r), max_steps=60, log_every=20,

@@ -108,6 +108,7 @@ def test_the_wheel_is_typed_licensed_and_carries_its_data_but_not_the_tests(buil
     assert csrc and csrc <= names, sorted(csrc - names)  # compiled on first use
     static = {n.removeprefix("src/") for n in _source_files("src/mnistflow/server/static")}
     assert static and static <= names
+    assert "mnistflow/training/measured.json" in names  # --target-acc reads it at run time
     assert not [n for n in names if n.startswith(("tests/", "helpers/", "benchmarks/", "examples/"))]
 
     assert meta["Name"] == "mnistflow" and meta["License-Expression"] == "MIT"

@@ -7,9 +7,10 @@ import pytest
 import torch
 import torch.nn as nn
 
+from helpers import inject
 from helpers.cli import assert_one_line_error, run_cli
 from mnistflow.core.errors import MnistflowError
-from mnistflow.training.loop import train
+from mnistflow.training.api import train
 
 SMALL = dict(threads=1, tensorboard=False, quiet=True)
 
@@ -51,7 +52,7 @@ def test_starvation_warns_with_numbers_and_healthy_run_is_silent(mnist_records, 
     s = train(recipe="softmax", data=mnist_records, run_dir=tmp_path / "ok", max_steps=60, log_every=10,
               **{**SMALL, "quiet": False})
     assert "starvation" not in capsys.readouterr().err and not s["warnings"]
-    monkeypatch.setenv("MNISTFLOW_INJECT_DATA_DELAY", "0.01")  # a reader that sleeps 10 ms a batch
+    inject.apply("data_delay", 0.01, setattr=monkeypatch.setattr)  # a reader that sleeps 10 ms a batch
     s = train(recipe="softmax", data=mnist_records, run_dir=tmp_path / "slow", max_steps=60, log_every=10,
               **{**SMALL, "quiet": False})
     err = capsys.readouterr().err

@@ -21,7 +21,7 @@ from mnistflow.reporting import COMPARE_SIZE, HTML_FILE, PLOT_SIZES, predict_spl
 @pytest.fixture(scope="module")
 def runs(mnist_records, tmp_path_factory):
     """Two short real runs: softmax (evaluated every 40 steps) and an MLP to compare with."""
-    from mnistflow.training.loop import train
+    from mnistflow.training.api import train
 
     root = tmp_path_factory.mktemp("report_runs")
     common = dict(data=str(mnist_records), quiet=True, threads=1, tensorboard=False)

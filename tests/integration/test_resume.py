@@ -18,7 +18,7 @@ from safetensors.torch import load_file
 from helpers import inject
 from helpers.cli import assert_one_line_error, run_cli
 from mnistflow.artifacts import checkpoint
-from mnistflow.training.loop import train
+from mnistflow.training.api import train
 
 STEPS = 300  # batch 256: 215 steps per epoch, so the run crosses an epoch boundary
 
@@ -154,7 +154,7 @@ def test_killed_at_any_moment_resumes_bitwise_identical(mnist_records, tmp_path)
 
 
 def test_more_epochs_on_resume_is_allowed_and_continues_exactly(mnist_records, tmp_path):
-    common = dict(model="mlp", data=str(mnist_records), batch_size=64, augment=True, quiet=True,
+    common = dict(model="mlp", data=str(mnist_records), batch_size=64, augment="auto", quiet=True,
                   threads=1, tensorboard=False, checkpoint_every=20)
     train(run_dir=str(tmp_path / "a"), epochs=0.05, **common)  # 43 steps (860 per epoch)
     s = train(run_dir=str(tmp_path / "a"), resume=True, epochs=0.1, quiet=True)

@@ -87,7 +87,7 @@ def test_cli_spec_with_input_size_and_variables():
 
 
 def test_summary_of_a_trained_run_and_its_exports(mnist_records, tmp_path):
-    from mnistflow.training.loop import train
+    from mnistflow.training.api import train
 
     run = tmp_path / "run"
     train(model="softmax", data=mnist_records, run_dir=run, max_steps=3, tensorboard=False, quiet=True,

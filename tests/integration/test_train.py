@@ -9,8 +9,9 @@ from safetensors.torch import load_file
 
 from helpers.cli import assert_one_line_error, run_cli
 from mnistflow.core.errors import MnistflowError
-from mnistflow.training.optim import OPTIMIZERS, SCHEDULES, lr_factor
-from mnistflow.training.loop import train
+from mnistflow.core.choices import OPTIMIZERS, SCHEDULES
+from mnistflow.training.optim import lr_factor
+from mnistflow.training.api import train
 
 QUIET = dict(quiet=True, threads=1)
 
@@ -85,7 +86,7 @@ def test_run_directory_and_json(mnist_records, tmp_path):
 
 def test_same_seed_same_weights_bitwise_and_config_reproduces(mnist_records, tmp_path):
     common = dict(model="fast", data=str(mnist_records), max_steps=25, batch_size=64, lr=0.05,
-                  optimizer="momentum", tensorboard=False, augment=True, **QUIET)
+                  optimizer="momentum", tensorboard=False, augment="auto", **QUIET)
     train(run_dir=str(tmp_path / "a"), seed=7, **common)
     train(run_dir=str(tmp_path / "b"), seed=7, **common)
     train(run_dir=str(tmp_path / "c"), seed=8, **common)
@@ -95,14 +96,14 @@ def test_same_seed_same_weights_bitwise_and_config_reproduces(mnist_records, tmp
     # the saved config.toml reproduces the run exactly
     cfg = (tmp_path / "a" / "config.toml").read_text()
     (tmp_path / "again.toml").write_text(cfg.replace(str(tmp_path / "a"), str(tmp_path / "d")))
-    train(str(tmp_path / "again.toml"))
+    train(config=str(tmp_path / "again.toml"))
     d = load_file(str(tmp_path / "d" / "model.safetensors"))
     assert all(torch.equal(a[k], d[k]) for k in a)
 
 
 def test_nan_loss_stops_the_run_with_the_step(mnist_records, tmp_path):
     with pytest.raises(MnistflowError, match=r"NaN/inf at step \d+"):
-        train(model="mlp", optimizer="sgd", lr=1e6, data=mnist_records, run_dir=tmp_path / "r",
+        train(model="mlp", optimizer="sgd", lr=1000, data=mnist_records, run_dir=tmp_path / "r",
               max_steps=200, tensorboard=False, **QUIET)
 
 
@@ -139,9 +140,9 @@ def test_schedules_are_pure_functions_of_the_step(schedule):
 @pytest.mark.parametrize("args,fragment", [
     (["--model", "nope"], "unknown model 'nope'"),
     (["--recipe", "nope"], "unknown recipe 'nope'"),
-    (["--optimizer", "nope"], "unknown optimizer 'nope'"),
-    (["--schedule", "nope"], "unknown schedule"),
-    (["--lr", "0"], "--lr must be positive"),
+    (["--optimizer", "nope"], "--optimizer must be one of sgd, momentum"),
+    (["--schedule", "nope"], "--schedule must be one of constant"),
+    (["--lr", "0"], "--lr must be in (0, 1000]"),
     (["--batch-size", "60000"], "larger than the training set"),
     (["--precision", "fp8"], "--precision"),
 ])

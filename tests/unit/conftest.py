@@ -16,6 +16,13 @@ def mnist_dir():
 
 
 @pytest.fixture(autouse=True)
+def _no_real_data(monkeypatch, tmp_path_factory):
+    """$MNISTFLOW_DATA (the real MNIST in CI) points at an empty folder: a unit test that trains
+    without ``data=`` fails instead of quietly reading MNIST."""
+    monkeypatch.setenv("MNISTFLOW_DATA", str(tmp_path_factory.mktemp("no-real-data")))
+
+
+@pytest.fixture(autouse=True)
 def _no_subprocess(monkeypatch):
     def refuse(*a, **k):
         raise AssertionError("unit tests start no process: move this test to tests/integration")

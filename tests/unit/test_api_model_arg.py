@@ -160,8 +160,8 @@ def test_a_users_model_resumes_from_its_checkpoint(synthetic_records, tmp_path):
     assert s["model"] == f"{MOD}:TinyNet"
 
 
-def test_a_config_file_as_the_first_argument_still_works(synthetic_records, tmp_path):
-    """``train("RUN/config.toml")``: the signature before the model came first."""
+def test_a_runs_config_file_replays_it(synthetic_records, tmp_path):
+    """``train(config="RUN/config.toml")``: the settings of that run, changed by those given."""
     mnistflow.train("conv3x3x4-relu,maxpool4,fc10", synthetic_records, run_dir=tmp_path / "a", **QUICK)
-    s = mnistflow.train(tmp_path / "a" / "config.toml", run_dir=tmp_path / "b", max_steps=2)
+    s = mnistflow.train(config=tmp_path / "a" / "config.toml", run_dir=tmp_path / "b", max_steps=2)
     assert s["model"] == "conv3x3x4-relu,maxpool4,fc10" and s["steps"] == 2

@@ -14,7 +14,7 @@ import torch
 import torch.nn as nn
 
 from helpers.blocking import deadline
-from mnistflow.artifacts import checkpoint
+from mnistflow.artifacts import checkpoint, runlog
 from mnistflow.artifacts.load import load_any
 from mnistflow.core.errors import MnistflowError
 
@@ -232,22 +232,9 @@ def test_resume_skips_a_fifo_checkpoint_and_refuses_a_fifo_metrics_file(tmp_path
         assert resume.locate_resume(True, tmp_path / "run", quiet=True) == (good, tmp_path / "run")
         found, _ = resume.locate_resume(str(ck / "step-000600.pt"), None)  # named: refused when read
         with pytest.raises(checkpoint.CorruptCheckpoint, match=r"not a regular file \(a FIFO\)"):
-            resume.load(found)
+            resume.Resume.load(found)
         metrics = tmp_path / "run" / "metrics.jsonl"
         os.mkfifo(metrics)
         with pytest.raises(MnistflowError) as e:
-            resume.truncate_metrics(metrics, 7)
+            runlog.truncate_metrics(metrics, 7)
     assert str(e.value) == f"{metrics}: not a regular file (a FIFO); refusing to read it"
-
-
-def test_truncate_metrics_keeps_the_records_up_to_the_step_line_by_line(tmp_path):
-    from mnistflow.training import resume
-
-    m = tmp_path / "metrics.jsonl"
-    long = b"x" * (resume.MAX_METRICS_LINE * 2 + 5)
-    m.write_bytes(b'{"step": 5, "loss": 1}\n' + long + b'\n{"step": 7}\n{"step": "x"}\n'
-                  b'{"step": 9}\n{"step": 10, "lo')
-    resume.truncate_metrics(m, 7)
-    assert m.read_bytes() == b'{"step": 5, "loss": 1}\n{"step": 7}\n'
-    resume.truncate_metrics(tmp_path / "none.jsonl", 7)  # no file: nothing to do
-    assert not (tmp_path / "none.jsonl").exists()

@@ -127,7 +127,6 @@ def test_glyphs_is_the_augmentation_runs_had_before_policies():
     """Bitwise the old shift_rotate draws: MNIST runs (best) and their resumes do not change."""
     x = torch.rand(64, 1, 28, 28) * 255
     assert torch.equal(A.augment(x, gen(6), "glyphs"), A.shift_rotate(x, gen(6)))
-    assert A.legacy_policy(1) == "glyphs" and A.legacy_policy(3) == "photos"
 
 
 @pytest.mark.parametrize("policy", list(A.POLICIES))
@@ -160,7 +159,7 @@ def _records(tmp_path, *, channels: int = 1, size: int = 28, classes: int = 10, 
     from helpers.synthetic import digits
 
     from mnistflow.data.formats.raw import RawDataset, RawSplit
-    from mnistflow.data.records import write_records
+    from mnistflow.data.write_records import write_records
 
     xtr, ytr = digits(n_train, classes=classes, size=size, channels=channels)
     xte, yte = digits(60, classes=classes, size=size, channels=channels, seed=5)
@@ -198,7 +197,8 @@ def test_loader_auto_takes_the_records_dataset_policy(tmp_path):
     rec = open_records(_records(tmp_path, name="fashion-mnist"))
     auto = make_loader(rec, "train", batch_size=64, seed=1, augment="auto")
     assert auto.augment == "clothing"
-    assert make_loader(rec, "train", batch_size=64, augment=True).augment == "glyphs"  # the old switch
+    with pytest.raises(MnistflowError, match="unknown augmentation policy 'True'"):
+        make_loader(rec, "train", batch_size=64, augment=True)  # the switch from before policies
     assert make_loader(rec, "train", batch_size=64, augment="off").augment is None
     with pytest.raises(MnistflowError, match="unknown augmentation policy 'sideways'"):
         make_loader(rec, "train", batch_size=64, augment="sideways")
@@ -222,18 +222,20 @@ def test_auto_on_other_inputs_is_shifts_and_says_so():
     assert A.resolve_policy("off", "mnist") == ("off", None)
 
 
-def test_config_choices_are_the_policies():
-    assert configmod.AUGMENT_CHOICES == A.CHOICES
+def test_every_policy_named_in_the_choices_is_defined():
+    from mnistflow.core import choices
+
+    assert choices.AUGMENT[:2] == ("auto", "off") and set(choices.AUGMENT[2:]) == set(A.POLICIES)
 
 
 def test_augment_setting_values():
     assert TrainConfig().augment == "off"
-    assert resolve(flags={"augment": True}).augment == "auto"  # --augment, the switch it was
-    assert resolve(flags={"augment": False}).augment == "off"
     assert resolve(flags={"augment": "photos"}).augment == "photos"
     with pytest.raises(MnistflowError) as e:
         resolve(flags={"augment": "sideways"})
     assert "--augment must be one of auto, off, glyphs, clothing, photos, shifts, got 'sideways'" in str(e.value)
+    with pytest.raises(MnistflowError, match="--augment must be text, got True"):
+        resolve(flags={"augment": True})  # (the switch before policies: not read any more)
 
 
 def test_best_takes_the_datasets_policy():
@@ -244,33 +246,10 @@ def test_best_takes_the_datasets_policy():
     assert RECIPES["fast"]["augment"] == RECIPES["seed-cnn"]["augment"] == "off"
 
 
-@pytest.mark.parametrize("line, value", [("augment = true", "auto"), ("augment = false", "off"),
-                                         ('augment = "clothing"', "clothing")])
-def test_a_config_file_from_before_policies_still_loads(tmp_path, line, value):
-    p = tmp_path / "config.toml"
-    p.write_text(f'model = "mlp"\n{line}\n')
-    assert configmod.load_toml(p)["augment"] == value
-
-
-def test_an_old_checkpoint_resumes_with_the_augmentation_it_had():
-    """Checkpoints saved before policies hold augment = true: the run continues with what
-    true meant for its data (grey: glyphs, colour: photos) and is not refused."""
-    from mnistflow.training.resume import resume_differences, saved_config
-
-    for channels, policy in ((1, "glyphs"), (3, "photos")):
-        payload = {"config": {"model": "mlp", "augment": True}, "data": {"shape": [28, 28, channels]}}
-        old = saved_config(payload)
-        assert old["augment"] == policy and payload["config"]["augment"] is True  # not changed
-        assert resume_differences(old, TrainConfig(model="mlp", augment=policy)) == []
-        assert resume_differences(old, TrainConfig(model="mlp", augment="auto")) == []  # compared once resolved
-        assert resume_differences(old, TrainConfig(model="mlp", augment="off")) == [f"augment: {policy} -> off"]
-    assert saved_config({"config": {"augment": False}})["augment"] == "off"
-
-
 def test_policy_names_have_one_line_descriptions():
     for p in A.POLICIES.values():
         assert p.what and "\n" not in p.what
-    assert np.all([name in configmod._FIELDS["augment"].metadata["help"] for name in A.POLICIES])
+    assert np.all([name in configmod.FIELDS["augment"].metadata["help"] for name in A.POLICIES])
 
 
 # --- test-time views: the mirror first, where the data's class survives it -------------------

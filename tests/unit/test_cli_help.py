@@ -168,10 +168,9 @@ def test_profile_settings_stop_after_the_profiled_steps():
 
 def test_train_and_profile_pass_only_the_given_flags(monkeypatch):
     calls = []
-    loop = types.ModuleType("mnistflow.training.loop")  # stands in for the library: nothing trains
-    loop.train = lambda config=None, **kw: calls.append((config, kw)) or {}
-    loop.TrainingInterrupted = type("TrainingInterrupted", (KeyboardInterrupt,), {})
-    monkeypatch.setitem(sys.modules, "mnistflow.training.loop", loop)
+    api = types.ModuleType("mnistflow.training.api")  # stands in for the library: nothing trains
+    api.train = lambda config=None, **kw: calls.append((config, kw)) or {}
+    monkeypatch.setitem(sys.modules, "mnistflow.training.api", api)
     assert cli.main(["train", "--recipe", "fast", "--lr", "0.5", "--no-validate"]) == 0
     assert cli.main(["profile", "--profile-steps", "1:3"]) == 0
     assert calls == [(None, {"recipe": "fast", "lr": 0.5, "validate": False}),

@@ -9,7 +9,7 @@ import pytest
 from helpers.synthetic import digits
 from mnistflow.core.errors import MnistflowError
 from mnistflow.data import open_data
-from mnistflow.data.prepare import _resolve_input
+from mnistflow.data.known import resolve_input
 from mnistflow.data.records import Records
 
 
@@ -60,11 +60,11 @@ def test_a_model_s_records_are_the_fallback(synthetic_records, tmp_path):
 
 def test_a_known_dataset_name_as_data(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    assert _resolve_input(None, Path("fashion-mnist")) == ("fashion-mnist", None)
-    assert _resolve_input(None, Path("FMNIST")) == ("FMNIST", None)  # an alias
+    assert resolve_input(None, Path("fashion-mnist")) == ("fashion-mnist", None)
+    assert resolve_input(None, Path("FMNIST")) == ("FMNIST", None)  # an alias
     (tmp_path / "mnist").mkdir()  # a folder of that name is the user's data, not the dataset
-    assert _resolve_input(None, Path("mnist")) == (None, Path("mnist"))
-    assert _resolve_input(None, Path("no-such-thing")) == (None, Path("no-such-thing"))
+    assert resolve_input(None, Path("mnist")) == (None, Path("mnist"))
+    assert resolve_input(None, Path("no-such-thing")) == (None, Path("no-such-thing"))
 
 
 def test_bad_input_is_one_clear_error(tmp_path):

@@ -14,8 +14,7 @@ from dataclasses import replace
 import pytest
 
 from mnistflow.core.errors import MnistflowError
-from mnistflow.data import download
-from mnistflow.data.datasets import KNOWN, RemoteFile
+from mnistflow.data.known import KNOWN, RemoteFile, download
 
 DATA = bytes(range(256)) * 800  # 204,800 bytes
 
@@ -60,7 +59,7 @@ def test_bar_on_a_terminal_shows_size_and_speed(tmp_path, monkeypatch):
     monkeypatch.setattr(sys, "stderr", tty)
     monkeypatch.setenv("COLUMNS", "100")
     try:
-        download.fetch_known(_toy(f"http://127.0.0.1:{srv.server_address[1]}/"), tmp_path)
+        download.fetch(_toy(f"http://127.0.0.1:{srv.server_address[1]}/"), tmp_path)
     finally:
         srv.shutdown()
         srv.server_close()
@@ -111,7 +110,7 @@ def test_a_file_url_mirror_works(tmp_path):
     src = tmp_path / "copy"
     src.mkdir()
     (src / "d.bin").write_bytes(DATA)
-    dest = download.fetch_known(_toy(src.as_uri()), tmp_path / "dl")
+    dest = download.fetch(_toy(src.as_uri()), tmp_path / "dl")
     assert (dest / "d.bin").read_bytes() == DATA
 
 

@@ -16,8 +16,10 @@ import pytest
 
 from helpers.idx_files import idx_bytes, l_glyph
 from mnistflow.core.errors import MnistflowError
-from mnistflow.data import datasets, sources
-from mnistflow.data.datasets import EMNIST_SPLITS, KNOWN, RemoteFile, lookup
+from mnistflow.data import known
+from mnistflow.data.formats import detect_format, read_known
+from mnistflow.data.formats.emnist import read_emnist, read_emnist_mapping
+from mnistflow.data.known import EMNIST_SPLITS, KNOWN, RemoteFile, lookup
 from mnistflow.data.formats.idx import ZipMember, read_idx, read_idx_pair
 from mnistflow.data.formats.raw import from_original_labels
 
@@ -92,7 +94,7 @@ def write_qmnist(folder: Path, n: int = 40) -> None:
             gzip.compress(idx_bytes(qmnist_labels(y), 0x0C)))
 
 
-def with_local_sums(monkeypatch, name: str, folder: Path) -> datasets.KnownDataset:
+def with_local_sums(monkeypatch, name: str, folder: Path) -> known.KnownDataset:
     """Make ``name``'s published sums those of the synthetic files in ``folder``."""
     import hashlib
 
@@ -183,7 +185,7 @@ def _check_letters(raw) -> None:
 
 def test_emnist_letters_from_the_zip_come_out_upright_named_a_to_z(tmp_path):
     write_emnist_zip(tmp_path)
-    raw = sources.read_emnist(KNOWN["emnist-letters"], tmp_path)
+    raw = read_emnist(KNOWN["emnist-letters"], tmp_path)
     _check_letters(raw)
     assert raw.source_files == [tmp_path / "gzip.zip"]
     assert not list(tmp_path.glob("**/*.gz"))  # read in place, nothing extracted
@@ -192,20 +194,21 @@ def test_emnist_letters_from_the_zip_come_out_upright_named_a_to_z(tmp_path):
 @pytest.mark.parametrize("gz", [True, False])
 def test_emnist_letters_from_separate_files_placed_by_hand(tmp_path, gz):
     write_emnist_loose(tmp_path, gz=gz)
-    _check_letters(sources.read_emnist(KNOWN["emnist-letters"], tmp_path))
+    _check_letters(read_emnist(KNOWN["emnist-letters"], tmp_path))
 
 
 def test_emnist_without_its_mapping_file_takes_the_table_names(tmp_path):
     write_emnist_loose(tmp_path, mapping=None)
-    _check_letters(sources.read_emnist(KNOWN["emnist-letters"], tmp_path))
+    _check_letters(read_emnist(KNOWN["emnist-letters"], tmp_path))
 
 
 def test_read_known_reads_emnist_from_data_after_checking_the_published_sum(tmp_path, monkeypatch):
     write_emnist_zip(tmp_path / "emnist")  # the shared sub-folder of every split
+    folder = known.locate(KNOWN["emnist-letters"], tmp_path)
+    assert folder == tmp_path / "emnist"
     with pytest.raises(MnistflowError, match="checksum does not match the published emnist-letters file gzip.zip"):
-        sources.read_known("emnist-letters", tmp_path)
-    with_local_sums(monkeypatch, "emnist-letters", tmp_path / "emnist")
-    raw = sources.read_known("emnist-letters", tmp_path)
+        read_known(KNOWN["emnist-letters"], folder)
+    raw = read_known(with_local_sums(monkeypatch, "emnist-letters", folder), folder)
     _check_letters(raw)
     assert raw.name == "emnist-letters"
 
@@ -213,7 +216,7 @@ def test_read_known_reads_emnist_from_data_after_checking_the_published_sum(tmp_
 def test_a_digit_split_takes_its_names_from_the_mapping(tmp_path):
     mapping = "".join(f"{i} {48 + i}\n" for i in range(10))
     write_emnist_loose(tmp_path, "digits", mapping=mapping.replace("9 57", "9 88"))  # 9 shown 'X'
-    raw = sources.read_emnist(KNOWN["emnist-digits"], tmp_path)
+    raw = read_emnist(KNOWN["emnist-digits"], tmp_path)
     assert raw.class_names == list("012345678X") and tuple(raw.label_values) == tuple(range(10))
     assert_upright_l(raw.train.x[3])
 
@@ -221,13 +224,13 @@ def test_a_digit_split_takes_its_names_from_the_mapping(tmp_path):
 def test_a_zip_without_the_split_is_an_error_naming_what_is_missing(tmp_path):
     write_emnist_zip(tmp_path, "digits", mapping=None)
     with pytest.raises(MnistflowError, match="is not EMNIST's zip: it has no emnist-letters-train-images"):
-        sources.read_emnist(KNOWN["emnist-letters"], tmp_path)
+        read_emnist(KNOWN["emnist-letters"], tmp_path)
 
 
 def test_missing_emnist_files_say_what_to_place_where(tmp_path):
     (tmp_path / "emnist-letters-train-images-idx3-ubyte.gz").write_bytes(b"")  # one of four
     with pytest.raises(MnistflowError) as e:
-        sources.locate_known(KNOWN["emnist-letters"], tmp_path)
+        known.locate(KNOWN["emnist-letters"], tmp_path)
     msg = str(e.value)
     assert msg.startswith(str(tmp_path)) and "gzip.zip" in msg and "emnist-letters-test-labels-idx1-ubyte.gz" in msg
 
@@ -235,11 +238,11 @@ def test_missing_emnist_files_say_what_to_place_where(tmp_path):
 def test_known_files_prefer_the_zip_and_list_the_mapping_of_separate_files(tmp_path):
     ds = KNOWN["emnist-letters"]
     write_emnist_loose(tmp_path)
-    files = sources.known_files(ds, tmp_path)
+    files = known.files_in(ds, tmp_path)
     assert [p.name for p in files] == [*ds.loose_files, ds.mapping]
     write_emnist_zip(tmp_path)
-    assert sources.known_files(ds, tmp_path) == [tmp_path / "gzip.zip"]
-    assert sources.known_files(KNOWN["emnist-byclass"], tmp_path / "none") is None
+    assert known.files_in(ds, tmp_path) == [tmp_path / "gzip.zip"]
+    assert known.files_in(KNOWN["emnist-byclass"], tmp_path / "none") is None
 
 
 @pytest.mark.parametrize("text, error", [
@@ -254,14 +257,14 @@ def test_a_bad_mapping_file_is_an_error_naming_the_line(tmp_path, text, error):
     p = tmp_path / "emnist-letters-mapping.txt"
     p.write_text(text)
     with pytest.raises(MnistflowError, match=error):
-        sources.read_emnist_mapping(p)
+        read_emnist_mapping(p)
 
 
 def test_a_huge_mapping_file_is_refused_unread(tmp_path):
     p = tmp_path / "emnist-letters-mapping.txt"
     p.write_bytes(b"1 65\n" * 20000)
     with pytest.raises(MnistflowError, match="not an EMNIST mapping file"):
-        sources.read_emnist_mapping(p)
+        read_emnist_mapping(p)
 
 
 def test_a_folder_of_emnist_or_qmnist_files_asks_for_the_dataset_name(tmp_path):
@@ -271,7 +274,7 @@ def test_a_folder_of_emnist_or_qmnist_files_asks_for_the_dataset_name(tmp_path):
     for folder, name in (("loose", "emnist-letters"), ("zip", "emnist-<split>"), ("q", "qmnist")):
         with pytest.raises(MnistflowError, match=re.escape(f"holds {name}'s files: name the dataset, "
                                                            f"e.g. mnistflow prep {name} --data")):
-            sources.detect_format(tmp_path / folder)
+            detect_format(tmp_path / folder)
 
 
 # --- zip members: the IDX reader's checks hold inside a zip --------------------------------
@@ -349,9 +352,8 @@ def test_qmnist_label_rows_give_their_first_column(tmp_path):
 def test_qmnist_reads_as_a_known_dataset_with_ten_digit_classes(tmp_path, monkeypatch):
     write_qmnist(tmp_path)
     with pytest.raises(MnistflowError, match="checksum does not match the published qmnist"):
-        sources.read_known("qmnist", tmp_path)
-    with_local_sums(monkeypatch, "qmnist", tmp_path)
-    raw = sources.read_known("qmnist", tmp_path)
+        read_known(KNOWN["qmnist"], known.locate(KNOWN["qmnist"], tmp_path))
+    raw = read_known(with_local_sums(monkeypatch, "qmnist", tmp_path), tmp_path)
     assert raw.class_names == list("0123456789") and raw.num_classes == 10
     assert (raw.test.y == np.arange(40) % 10).all()
 

@@ -21,7 +21,7 @@ from mnistflow.core.fsutil import (
     atomic_write_text,
     make_dirs,
 )
-from mnistflow.data import records
+from mnistflow.data import write_records as writer
 
 
 @pytest.fixture
@@ -73,7 +73,7 @@ def test_umask_is_read_without_changing_it(umask):
 def test_a_record_set_folder_follows_the_umask(tmp_path, umask):
     """The record set's folder has the mode mkdir gives under the umask (not mkdtemp's 0700)."""
     umask(0o022)
-    out = records.write_records(raw_dataset(60, 20), tmp_path / "r", key="k", options={},
+    out = writer.write_records(raw_dataset(60, 20), tmp_path / "r", key="k", options={},
                                 source_checksums={}, val_size=10)
     assert mode(out) == 0o755
     assert {mode(p) for p in out.iterdir()} == {0o644}
@@ -170,7 +170,7 @@ def test_write_records_out_of_space_is_one_error_and_leaves_nothing(tmp_path, mo
     """D10: prep on a full disk (numpy's own OSError has no errno) names the record set and
     leaves neither the temporary record set nor the folders it created."""
     calls = []
-    real = records._save_npy
+    real = writer._save_npy
 
     def save(folder, name, arr, checksums):
         calls.append(name)
@@ -178,10 +178,10 @@ def test_write_records_out_of_space_is_one_error_and_leaves_nothing(tmp_path, mo
             raise OSError(f"Not enough free space to write {arr.nbytes} bytes after offset 128")
         real(folder, name, arr, checksums)
 
-    monkeypatch.setattr(records, "_save_npy", save)
+    monkeypatch.setattr(writer, "_save_npy", save)
     out = tmp_path / "new" / "recs"
     with pytest.raises(MnistflowError) as ei:
-        records.write_records(raw_dataset(60, 20), out, key="k", options={}, source_checksums={},
+        writer.write_records(raw_dataset(60, 20), out, key="k", options={}, source_checksums={},
                               val_size=10)
     assert ei.value.path == str(out)
     assert "Not enough free space" in ei.value.detail
@@ -215,7 +215,7 @@ def test_an_interruption_just_after_the_temporary_record_folder_is_made_leaves_n
     name not yet returned); prep must leave nothing the next run has to sweep."""
     monkeypatch.setattr(os, "mkdir", _then_interrupted(os.mkdir))
     with pytest.raises(KeyboardInterrupt):
-        records.write_records(raw_dataset(60, 20), tmp_path / "r", key="k", options={},
+        writer.write_records(raw_dataset(60, 20), tmp_path / "r", key="k", options={},
                               source_checksums={}, val_size=10)
     monkeypatch.undo()
     assert everything(tmp_path) == []

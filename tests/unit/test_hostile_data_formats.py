@@ -26,7 +26,7 @@ from mnistflow.data.formats.folder import decode_image, read_image_folder
 from mnistflow.data.formats.raw import MAX_CLASSES
 from mnistflow.data.picture import MAX_PIXELS, read_picture
 from mnistflow.data.prepare import prepare
-from mnistflow.data.sources import read_idx_folder
+from mnistflow.data.formats.idx import read_idx_folder
 
 MiB = 1 << 20
 

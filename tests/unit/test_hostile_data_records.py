@@ -15,8 +15,9 @@ import pytest
 from helpers.synthetic import raw_dataset
 from mnistflow.core.errors import MnistflowError
 from mnistflow.core.fsutil import sha256_file
-from mnistflow.data import records
-from mnistflow.data.records import meta_checksum, open_records, write_records
+from mnistflow.data import write_records as writer
+from mnistflow.data.records import meta_checksum, open_records
+from mnistflow.data.write_records import write_records
 
 
 @pytest.fixture
@@ -113,10 +114,11 @@ def test_d13_every_meta_field_is_checked(recs, key, value):
     refused(recs, "meta.json", key)
 
 
-def test_d13_record_sets_written_before_the_meta_checksum_still_open(recs):
+def test_d13_a_record_set_without_its_meta_checksum_is_refused(recs):
+    assert open_records(recs).size("train") == 600
     edit_meta(recs, lambda m: m.pop("meta_sha256"), reseal=False)
-    rec = open_records(recs)
-    assert rec.size("train") == 600 and rec.split("val")[0].shape == (100, 28, 28, 1)
+    msg = refused(recs, "meta.json", "lacks 'meta_sha256'", "re-run 'mnistflow prep --force'")
+    assert "\n" not in msg
 
 
 # --- D11: what a killed prep leaves is cleaned by the next one -----------------------------
@@ -145,10 +147,10 @@ def leftover(parent: Path, name: str, age_s: float = 0) -> Path:
 
 
 def test_d11_a_later_prep_removes_what_killed_ones_left(tmp_path):
-    host = records._owner().rsplit("-", 1)[0]
+    host = writer._owner().rsplit("-", 1)[0]
     dead = leftover(tmp_path, f".recs.tmp-{host}-{dead_pid()}-ab12cd")
-    legacy_old = leftover(tmp_path, ".recs.tmp-6mh245gv", age_s=2 * records.STALE_AFTER_S)
-    other_host_old = leftover(tmp_path, f".recs.tmp-elsewhere-{os.getpid()}-x1", age_s=2 * records.STALE_AFTER_S)
+    legacy_old = leftover(tmp_path, ".recs.tmp-6mh245gv", age_s=2 * writer.STALE_AFTER_S)
+    other_host_old = leftover(tmp_path, f".recs.tmp-elsewhere-{os.getpid()}-x1", age_s=2 * writer.STALE_AFTER_S)
     live = leftover(tmp_path, f".recs.tmp-{host}-{os.getppid()}-zz9")  # a prep still running
     legacy_new = leftover(tmp_path, ".recs.tmp-q8w7e6r5")  # maybe an older mnistflow, running
     other_host_new = leftover(tmp_path, f".recs.tmp-elsewhere-{dead_pid()}-x2")
@@ -166,15 +168,15 @@ def test_d11_a_later_prep_removes_what_killed_ones_left(tmp_path):
 def test_d11_a_writer_killed_between_its_renames_gets_its_records_back(tmp_path):
     out = tmp_path / "recs"
     write_records(raw_dataset(60, 20), out, key="k", options={}, source_checksums={}, val_size=10)
-    host = records._owner().rsplit("-", 1)[0]
+    host = writer._owner().rsplit("-", 1)[0]
     old = tmp_path / f".recs.old-{host}-{dead_pid()}"
     os.rename(out, old)  # the moment after 'out -> old', before 'tmp -> out'
-    assert records.sweep_stale(out) == [old]
+    assert writer.sweep_stale(out) == [old]
     assert open_records(out).size("train") == 50 and not old.exists()
 
 
 def test_d11_sigterm_during_prep_removes_the_temporary_set(tmp_path, monkeypatch):
-    real_save = records._save_npy
+    real_save = writer._save_npy
     calls = []
 
     def save_then_terminated(folder, name, arr, checksums):
@@ -182,7 +184,7 @@ def test_d11_sigterm_during_prep_removes_the_temporary_set(tmp_path, monkeypatch
         calls.append(folder)
         os.kill(os.getpid(), signal.SIGTERM)  # `kill PID` halfway through writing
 
-    monkeypatch.setattr(records, "_save_npy", save_then_terminated)
+    monkeypatch.setattr(writer, "_save_npy", save_then_terminated)
     before = signal.getsignal(signal.SIGTERM)
     with pytest.raises(SystemExit) as e:
         write_records(raw_dataset(60, 20), tmp_path / "recs", key="k", options={},
@@ -200,14 +202,14 @@ def test_two_preps_of_different_datasets_into_one_out_at_once_lose_nothing(tmp_p
 
     out = tmp_path / "recs"
     first = dataclasses.replace(raw_dataset(300, 100), name="first")
-    real_sweep = records.sweep_stale
+    real_sweep = writer.sweep_stale
 
     def the_other_prep_finishes_meanwhile(path):  # after the first check, before the swap
-        monkeypatch.setattr(records, "sweep_stale", real_sweep)
+        monkeypatch.setattr(writer, "sweep_stale", real_sweep)
         write_records(first, out, key="a", options={}, source_checksums={}, val_size=50)
         real_sweep(path)
 
-    monkeypatch.setattr(records, "sweep_stale", the_other_prep_finishes_meanwhile)
+    monkeypatch.setattr(writer, "sweep_stale", the_other_prep_finishes_meanwhile)
     with pytest.raises(MnistflowError, match="holds the records of another dataset \\('first', not 'synthetic'\\)"):
         write_records(raw_dataset(300, 100), out, key="b", options={}, source_checksums={}, val_size=50)
     assert open_records(out).name == "first"

@@ -4,13 +4,16 @@ a kernel, and ``kernels.used()`` cheap. The kernels themselves against these ref
 tests/integration/test_kernels.py (building them needs the compiler, a subprocess)."""
 from __future__ import annotations
 
+import re
+from types import SimpleNamespace
+
 import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 from mnistflow import kernels
-from mnistflow.kernels import bnrelu, layout, pool, wgrad
+from mnistflow.kernels import bnrelu, layout, muon, pool, wgrad
 from mnistflow.models.layers import BatchNormReLU2d, MaxPool2x2
 from mnistflow.models.patch_conv import windows
 
@@ -20,7 +23,7 @@ CL = torch.channels_last
 @pytest.fixture(autouse=True)
 def _no_native_library(monkeypatch):
     monkeypatch.setenv("MNISTFLOW_KERNELS", "0")
-    monkeypatch.setattr(kernels, "_amx", {})
+    monkeypatch.setattr(kernels._state, "amx", kernels._Verdict())
     kernels.library.cache_clear()
     kernels.reset_used()
     yield
@@ -80,8 +83,7 @@ def test_amx_off_says_so(monkeypatch):
 
 def test_used_records_ops_once_sorted_and_builds_nothing(monkeypatch):
     monkeypatch.setattr(kernels, "build", lambda *a: pytest.fail("used() must not build the library"))
-    monkeypatch.setattr(kernels, "_state", {"reason": "not loaded yet"})
-    monkeypatch.setattr(kernels, "_vector", {})
+    monkeypatch.setattr(kernels, "_state", kernels._State())
     assert kernels.used() == {"native": "not loaded yet", "amx": "not checked", "avx512_bf16": "not checked",
                               "ops": []}
     for op in ("maxpool2x2", "bnrelu", "maxpool2x2"):
@@ -89,3 +91,26 @@ def test_used_records_ops_once_sorted_and_builds_nothing(monkeypatch):
     assert kernels.used()["ops"] == ["bnrelu", "maxpool2x2"]
     kernels.reset_used()
     assert kernels.used()["ops"] == []
+
+
+def test_every_caller_maps_a_kernels_return_code_through_check_rc(monkeypatch):
+    """A kernel that returns 1 (out of memory) is a MemoryError naming the kernel from every op
+    module that calls one; -1 (a path this build lacks) a NotImplementedError."""
+    x = torch.randn(2, 3, 4, 4).contiguous(memory_format=CL)
+    stats = torch.zeros(3)
+    xb, gb = x.bfloat16(), torch.randn(2, 16, 4, 4).bfloat16().contiguous(memory_format=CL)
+    calls = [
+        ("max-pool", lambda lib: pool._forward(lib, x)),
+        ("batch-norm", lambda lib: bnrelu._forward(lib, x, None, None, None, None, 0.1, 1e-5)),
+        ("batch-norm", lambda lib: bnrelu._backward(lib, x, x, x, None, stats, stats, False, False)),
+        ("col2im", lambda lib: layout.col2im(torch.randn(2, 2, 2, 3, 3, 5), 4, 4, 3)),
+        ("weight-gradient", lambda lib: wgrad._weight_grad(lib, xb, gb, tiles=False)),
+        ("conv + max-pool", lambda lib: wgrad._conv_max_pool(lib, xb, torch.randn(16, 3, 3, 3))),
+        ("AVX-512-BF16 Newton-Schulz", lambda lib: muon._newton_schulz(lib, [torch.randn(4, 6)], 3, tiles=False)),
+    ]
+    for rc, error, says in ((1, MemoryError, "out of memory"), (-1, NotImplementedError, "not in this build")):
+        lib = SimpleNamespace(**{name: (lambda *a, rc=rc: rc) for name in kernels.SIGNATURES})
+        monkeypatch.setattr(layout, "library", lambda lib=lib: lib)  # col2im finds its own
+        for kernel, call in calls:
+            with pytest.raises(error, match=f"^{re.escape(kernel)} kernel: {says}"):
+                call(lib)

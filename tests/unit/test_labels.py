@@ -23,14 +23,8 @@ from mnistflow.data.formats.raw import (
     dataset_from_labels,
     from_original_labels,
 )
-from mnistflow.data.records import (
-    FORMAT_VERSION,
-    describe,
-    meta_checksum,
-    open_records,
-    split_train_val,
-    write_records,
-)
+from mnistflow.data.records import FORMAT_VERSION, describe, meta_checksum, open_records
+from mnistflow.data.write_records import split_train_val, write_records
 
 LETTERS = {v: string.ascii_lowercase[v - 1] for v in range(1, 27)}  # EMNIST letters: 1..26 = a..z
 
@@ -206,23 +200,27 @@ def test_readers_give_the_original_values(tmp_path):
     assert raw.class_names == ["cat", "dog"] and raw.label_values == (0, 1)
 
 
-# --- old files keep working -------------------------------------------------------------------
+# --- record sets: format 1 only, with its label values ----------------------------------------
 
-def test_an_old_record_set_without_label_values_reads_as_0_to_k_minus_1(tmp_path):
+def test_a_record_set_of_another_format_or_without_label_values_is_refused(tmp_path):
     rec = _records(tmp_path, list(range(10)), None)
+    assert rec.meta["format_version"] == FORMAT_VERSION == 1 and "0  0" in describe(rec)
     meta = json.loads((rec.path / "meta.json").read_text())
-    del meta["label_values"]
-    meta["format_version"] = 1
-    meta["meta_sha256"] = meta_checksum(meta)
-    (rec.path / "meta.json").write_text(json.dumps(meta))
-    old = open_records(rec.path)
-    assert old.label_values == tuple(range(10)) and old.num_classes == 10
-    assert "0  0" in describe(old)
-    meta["format_version"] = 2  # a format-2 set must say what its labels are
-    meta["meta_sha256"] = meta_checksum(meta)
-    (rec.path / "meta.json").write_text(json.dumps(meta))
-    with pytest.raises(MnistflowError, match="'label_values' is missing"):
-        open_records(rec.path)
+
+    def refused(change: dict, drop: str | None, fragment: str) -> None:
+        m = {**meta, **change}
+        m.pop(drop, None)
+        m["meta_sha256"] = meta_checksum(m)
+        (rec.path / "meta.json").write_text(json.dumps(m))
+        with pytest.raises(MnistflowError, match=fragment + ".*re-run 'mnistflow prep --force'"):
+            open_records(rec.path)
+
+    refused({"format_version": 2}, None, "holds record format 2; this mnistflow reads format 1")
+    refused({"format_version": True}, None, "holds record format True")
+    refused({}, "label_values", "metadata lacks 'label_values'")
+
+
+# --- old files keep working -------------------------------------------------------------------
 
 
 def test_an_old_model_file_without_label_values_predicts_its_output_index(tmp_path):

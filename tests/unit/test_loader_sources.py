@@ -31,7 +31,7 @@ def _equal_batches(a, b) -> int:
     return len(ra)
 
 
-@pytest.mark.parametrize("augment", [False, True])
+@pytest.mark.parametrize("augment", ["off", "glyphs"])
 @pytest.mark.parametrize("channels_last", [False, True])
 def test_resident_and_stream_give_the_same_batches(rec, augment, channels_last):
     a, b = _both(rec, batch_size=64, seed=3, augment=augment, channels_last=channels_last)
@@ -48,7 +48,7 @@ def test_resident_and_stream_give_the_same_batches(rec, augment, channels_last):
 def test_stream_augments_and_resumes_its_augmentation_stream(rec):
     """--augment reaches the stream loader, and a resumed epoch draws what the whole one drew."""
     plain = make_loader(rec, "train", batch_size=100, seed=5, resident="no")
-    aug = make_loader(rec, "train", batch_size=100, seed=5, resident="no", augment=True)
+    aug = make_loader(rec, "train", batch_size=100, seed=5, resident="no", augment="glyphs")
     xs_plain = [x for x, _ in plain]
     xs_aug = [x for x, _ in aug]
     assert len(xs_aug) == 6 and all((a - p).abs().mean() > 0.05 for a, p in zip(xs_aug, xs_plain))
@@ -74,7 +74,7 @@ def test_batches_are_the_epoch_order_normalized(rec):
 def test_both_sources_take_the_variants_in_turn(tmp_path):
     """Augmented copies from prep (--variants): epoch e reads copy e % (K + 1), streamed or not."""
     from helpers.synthetic import raw_dataset
-    from mnistflow.data.records import write_records
+    from mnistflow.data.write_records import write_records
 
     out = write_records(raw_dataset(240, 40), tmp_path / "v", key="v", options={}, source_checksums={},
                         val_size=40, variants=2)

@@ -15,7 +15,7 @@ import pytest
 from mnistflow.core import log
 from mnistflow.core import progress as pg
 from mnistflow.training.observe.console import ConsoleLogger
-from mnistflow.training.observe.progress import TrainProgress
+from mnistflow.training.observe.train_bar import TrainProgress
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 LONG = "a-rather-long-description-that-would-not-fit-in-eighty-columns-by-itself-at-all"

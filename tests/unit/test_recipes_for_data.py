@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 from mnistflow.data.formats.raw import RawDataset, RawSplit
-from mnistflow.data.prepare import policy_of
-from mnistflow.data.records import write_records
+from mnistflow.data.open import policy_of
+from mnistflow.data.write_records import write_records
 from mnistflow.training.recipes import FOR_DATA, RECIPES, for_data
-from mnistflow.training.setup import resolve_config
+from mnistflow.training.configure import configure
 from tests.helpers.synthetic import digits
 
 
@@ -26,39 +26,40 @@ def _records(out: Path, name: str) -> Path:
 @pytest.mark.parametrize("dataset,model", [("fashion-mnist", "fast-deep"), ("mnist", "fast-wide"),
                                            ("kmnist", "fast-wide"), ("emnist-letters", "fast-wide")])
 def test_best_takes_the_deeper_net_for_clothing_only(dataset, model):
-    assert resolve_config(recipe="best", dataset=dataset).model == model
-    assert resolve_config(recipe="best", data=dataset).model == model  # a bare known name as --data
+    assert configure(recipe="best", dataset=dataset)[0].model == model
+    assert configure(recipe="best", data=dataset)[0].model == model  # a bare known name as --data
 
 
 @pytest.mark.parametrize("dataset,augment,tta", [("fashion-mnist", "off", 0), ("mnist", "auto", 4)])
 def test_fast_plus_drops_augmentation_and_views_for_clothing_only(dataset, augment, tta):
-    cfg = resolve_config(recipe="fast-plus", dataset=dataset)
+    cfg = configure(recipe="fast-plus", dataset=dataset)[0]
     assert (cfg.augment, cfg.tta) == (augment, tta)
-    assert resolve_config(recipe="fast-plus", dataset=dataset, tta=2).tta == 2  # a flag keeps its own
+    assert configure(recipe="fast-plus", dataset=dataset, tta=2)[0].tta == 2  # a flag keeps its own
 
 
 @pytest.mark.parametrize("dataset,model,augment", [("fashion-mnist", "fast-deep", "off"), ("mnist", "fast-wide", "auto")])
 def test_mid_takes_bests_net_without_augmentation_for_clothing_only(dataset, model, augment):
-    cfg = resolve_config(recipe="mid", dataset=dataset)
+    cfg = configure(recipe="mid", dataset=dataset)[0]
     assert (cfg.model, cfg.augment, cfg.epochs, cfg.tta) == (model, augment, 3, 4)
-    assert resolve_config(recipe="mid", dataset=dataset, augment="clothing").augment == "clothing"
+    assert configure(recipe="mid", dataset=dataset, augment="clothing")[0].augment == "clothing"
 
 
 def test_a_flag_or_a_config_file_keeps_its_own_value(tmp_path):
     # the flag equals the recipe's own base value: still the user's choice, not the recipe's
-    assert resolve_config(recipe="best", dataset="fashion-mnist", model="fast-wide").model == "fast-wide"
+    assert configure(recipe="best", dataset="fashion-mnist", model="fast-wide")[0].model == "fast-wide"
     toml = tmp_path / "c.toml"
     toml.write_text('model = "fast"\n')
-    assert resolve_config(toml, recipe="best", dataset="fashion-mnist").model == "fast"
+    assert configure(toml, recipe="best", dataset="fashion-mnist")[0].model == "fast"
 
 
-def test_records_and_raw_folders_are_told_by_their_names(tmp_path):
+def test_records_and_raw_folders_are_told_by_their_names(tmp_path, monkeypatch):
     assert policy_of(None, _records(tmp_path / "any-name", "fashion-mnist")) == "clothing"
     assert policy_of(None, _records(tmp_path / "fashion-mnist-copy", "mine")) is None
     raw = tmp_path / "fashion-mnist"
     raw.mkdir()
     assert policy_of(None, raw) == "clothing"  # an IDX folder's records take the folder's name
     assert policy_of(None, tmp_path / "missing") is None  # the run itself reports a bad input
+    monkeypatch.delenv("MNISTFLOW_DATA")
     assert policy_of(None, None) == "glyphs"  # no input: MNIST
 
 
@@ -79,7 +80,7 @@ def test_only_existing_settings_and_known_policies():
 def test_a_run_and_its_resume_train_the_recipes_model(tmp_path, recipe, augment):
     """The records decide it at every start: a resumed run rebuilds the model it saved."""
     from mnistflow.training.config import load_toml
-    from mnistflow.training.loop import train
+    from mnistflow.training.api import train
 
     rec = _records(tmp_path / "fm", "fashion-mnist")
     run = tmp_path / "run"
@@ -95,7 +96,7 @@ def test_a_run_and_its_resume_train_the_recipes_model(tmp_path, recipe, augment)
 
 def test_eval_of_a_clothing_model_mirrors_and_says_so(tmp_path):
     from mnistflow.inference import evaluate, format_eval
-    from mnistflow.training.loop import train
+    from mnistflow.training.api import train
 
     rec = _records(tmp_path / "fm", "fashion-mnist")
     train(recipe="fast", data=str(rec), run_dir=str(tmp_path / "r"), quiet=True, threads=1,

@@ -190,8 +190,7 @@ def info_from_json(text: str, where: str | Path) -> ModelInfo:
 
 def info_from_records(model: str, rec: Records, metrics: dict | None = None) -> ModelInfo:
     """What a model trained on the record set ``rec`` needs to be used."""
-    h, w, c = rec.shape
-    return ModelInfo(model=model, in_shape=[c, h, w], class_names=rec.class_names, mean=rec.mean,
+    return ModelInfo(model=model, in_shape=list(rec.in_shape), class_names=rec.class_names, mean=rec.mean,
                      std=rec.std, dataset=rec.name, records=str(Path(rec.path).resolve()),
                      metrics=dict(metrics or {}), label_values=list(rec.label_values))
 

@@ -10,6 +10,7 @@ import importlib
 import os
 from pathlib import Path
 from types import ModuleType
+from typing import NoReturn
 
 
 class MnistflowError(Exception):
@@ -28,7 +29,7 @@ def one_line(text: object) -> str:
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(text))
 
 
-def fail(path: str | os.PathLike | None, message: str) -> "NoReturn":  # noqa: F821
+def fail(path: str | os.PathLike | None, message: str) -> NoReturn:
     """Raise ``MnistflowError`` for ``path``; a one-liner for the parsers."""
     raise MnistflowError(message, path)
 

@@ -1,12 +1,12 @@
 """OpenMP's wait policy, chosen before torch loads libgomp (which reads it once, at its start).
 
-libgomp's default spins an idle thread ~300k rounds at every barrier before it sleeps. Next to a
-busy process that collapses: a 2-thread `fast` run took 2.5x its idle time, with
-``OMP_WAIT_POLICY=PASSIVE`` (sleep at once) 1.35x (Zen 2). But a sleeping thread pays a wake-up at
-every parallel op, and on an idle Zen 4 VM passive made `fast` 1.3-1.6x slower
-(benchmarks/busy_neighbour.py, BENCHMARKS.md). So mnistflow, imported before torch with no policy
-set by the user, lets threads spin on an idle machine and sleep beside other running processes.
-No torch here: this runs at ``import mnistflow``.
+libgomp's default spins an idle thread ~300k rounds at every barrier before it sleeps. Beside a
+busy process that collapses (every step waits on spinning threads), while on an idle machine a
+sleeping thread pays a wake-up at every parallel op (benchmarks/busy_neighbour.py, BENCHMARKS.md).
+So the ``mnistflow`` command, before torch is loaded and with no policy set by the user, lets
+threads spin on an idle machine and sleep beside other running processes. A library user asks
+for the same with ``mnistflow.tune_openmp()`` before importing torch; importing mnistflow
+changes nothing. No torch here.
 """
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from collections.abc import Mapping
 # What mnistflow chose for this process: "spin" (libgomp's default, left as it is), "passive"
 # (OMP_WAIT_POLICY=PASSIVE set), or None (the user chose, or torch was imported first).
 chosen: str | None = None
+_decided = False
 
 
 def others_runnable(path: str = "/proc/loadavg") -> int | None:
@@ -41,9 +42,15 @@ def choose(environ: Mapping[str, str], torch_loaded: bool, others: int | None) -
     return "spin" if others == 0 else "passive"
 
 
-def choose_at_import() -> None:
-    """Make the choice for this process (``import mnistflow`` calls it, once)."""
-    global chosen
+def choose_at_start() -> str | None:
+    """Make the choice for this process (the CLI calls it first): sets ``OMP_WAIT_POLICY=PASSIVE``
+    beside other running processes. Returns the choice (see :data:`chosen`). Decided once per
+    process: libgomp reads the policy once, so a later call returns the first decision."""
+    global chosen, _decided
+    if _decided:
+        return chosen
+    _decided = True
     chosen = choose(os.environ, "torch" in sys.modules, others_runnable())
     if chosen == "passive":
         os.environ["OMP_WAIT_POLICY"] = "PASSIVE"  # inherited by what mnistflow starts (--nproc ranks)
+    return chosen

@@ -2,17 +2,20 @@
 
     from mnistflow.data import open_data, make_loader
     rec = open_data("data/mnist")        # records, or any raw input prepared into the cache once
-    loader = make_loader(rec, "train", batch_size=512, augment=True)
+    loader = make_loader(rec, "train", batch_size=512, augment="auto")
 
-``open_data`` (in data.prepare) is the one resolver of "a records directory or raw input";
-``data.normalize.normalize`` the one input normalization; ``make_loader`` (in data.loader)
-the one loader (resident or streamed, one batch transform). Imported on first use (the
-submodules ``prepare`` and ``normalize`` keep their names: no function shadows them here).
+Where the data comes from: ``known`` (the known datasets: table, locate, verify, download),
+``formats`` (every raw input format, told apart and read), ``prepare`` (raw -> records),
+``records`` / ``write_records`` (the record format, read / written), ``open`` (``open_data``,
+the one resolver of "a records directory or raw input"). Then ``loader`` (the one loader,
+resident or streamed, one batch transform), ``augment`` and ``normalize`` (the one input
+normalization); ``picture`` turns a user's drawing into model input. The names below are
+imported on first use (no function here shadows a submodule's name).
 """
 from __future__ import annotations
 
 _LAZY = {
-    "open_data": "mnistflow.data.prepare",
+    "open_data": "mnistflow.data.open",
     "open_records": "mnistflow.data.records",
     "Records": "mnistflow.data.records",
     "make_loader": "mnistflow.data.loader",

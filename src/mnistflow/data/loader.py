@@ -69,14 +69,11 @@ def epoch_order(n: int, seed: int, epoch: int, rank: int = 0, world_size: int = 
     return perm
 
 
-def policy_name(augment: bool | str | None, channels: int) -> str | None:
-    """The policy a loader applies, None for none: ``augment`` is a policy name, ``off``/False/
-    None, or True (what it meant before policies: ``augment.legacy_policy``). ``auto`` is
-    resolved from the records' name first (``make_loader`` does)."""
-    if augment is None or augment is False or augment == "off":
+def policy_name(augment: str | None) -> str | None:
+    """The policy a loader applies, None for none: ``augment`` is a policy name, ``off`` or
+    None. ``auto`` is resolved from the records' name first (``make_loader`` does)."""
+    if augment is None or augment == "off":
         return None
-    if augment is True:
-        return augmod.legacy_policy(channels)
     if augment == "auto":
         raise ValueError("augment='auto' is resolved from the records (make_loader), not by a Loader")
     augmod.get_policy(augment)  # an unknown name: an error listing the known ones
@@ -88,10 +85,10 @@ class BatchTransform:
     the device -> float, augmented (training: ``augment`` names a policy of
     ``data.augment``), normalized, in the model's memory format and dtype."""
 
-    def __init__(self, mean, std, device: torch.device, *, augment: bool | str | None = None,
+    def __init__(self, mean, std, device: torch.device, *, augment: str | None = None,
                  channels_last: bool = False, dtype: torch.dtype = torch.float32):
         self.normalizer = Normalizer(mean, std, device)
-        self.augment = policy_name(augment, self.normalizer.channels)
+        self.augment = policy_name(augment)
         self.policy = None if self.augment is None else augmod.get_policy(self.augment)
         self.channels_last, self.dtype = channels_last, dtype
         self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
@@ -118,7 +115,7 @@ class Loader:
     def __init__(self, x: np.ndarray | list[np.ndarray], y: np.ndarray, *, batch_size: int,
                  mean, std, device: torch.device | str = "cpu", shuffle: bool = True,
                  seed: int = 0, drop_last: bool = False, rank: int = 0, world_size: int = 1,
-                 channels_last: bool = False, augment: bool | str | None = None,
+                 channels_last: bool = False, augment: str | None = None,
                  dtype: torch.dtype = torch.float32, pad: bool = True):
         if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral) or batch_size <= 0:
             raise MnistflowError(f"batch size must be positive (an integer), got {str(batch_size)[:40]}")
@@ -290,7 +287,7 @@ def fits_in_memory(nbytes: int, device: torch.device) -> bool:
 
 def make_loader(rec: Records, split: str, *, batch_size: int, device: torch.device | str = "cpu",
                 train: bool = True, seed: int = 0, drop_last: bool = False, rank: int = 0,
-                world_size: int = 1, channels_last: bool = False, augment: bool | str | None = None,
+                world_size: int = 1, channels_last: bool = False, augment: str | None = None,
                 resident: str = "auto", delay_s: float = 0.0, pad: bool = True) -> Loader:
     """The loader for ``split`` of an opened record set (``mnistflow.data.records.Records``).
 

@@ -13,7 +13,7 @@ other non-regular file is refused, never opened for reading.
 A picture larger than ``WORK_SIDE`` pixels a side is first box-reduced to it (:func:`shrink`,
 the first step of ``to_model_input``, which the server takes as it decodes an upload): a LANCZOS
 resize straight from a huge or extremely narrow picture to 28x28 builds filter tables that grow
-with the reduction ratio (a 15 KB PNG of 16,000,000x1 pixels took over 1 GB in ``predict``).
+with the reduction ratio (gigabytes for a picture of 16,000,000x1 pixels).
 """
 from __future__ import annotations
 

@@ -1,101 +1,33 @@
-"""``mnistflow prep``: raw data -> a record set, once; and ``open_data``, the one place that
-turns "a records directory or any raw input" into opened records.
+"""``mnistflow prep``: raw data -> a record set, once.
 
     mnistflow prep mnist --out data/mnist            # known dataset (local files or download)
     mnistflow prep --data ./my_digits --out data/mine # folder / IDX / CSV / npz / TFRecord
 
-    rec = open_data("data/mnist")            # a records directory: opened (checksums verified)
-    rec = open_data("./my_digits.csv")       # raw input: prepared into the cache once, then opened
-    rec = open_data("fashion-mnist")         # a known dataset's name
-    rec = open_data(None, fallback=info.records)  # a model's own training records
+Where a known dataset's files are: ``known``; reading each format: ``formats``; the record
+format: ``records`` / ``write_records``; "records or raw input" opened in one call: ``open``.
 """
 from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 from pathlib import Path
 
 import numpy as np
 
-from mnistflow.data import datasets
-from mnistflow.data.records import (FORMAT_VERSION, Records, check_replaceable, open_records,
-                                    read_meta, write_records)
-from mnistflow.data.formats.raw import RawDataset, summarize_values
-from mnistflow.data.sources import detect_format, known_files, locate_known, read_known, read_source
+from mnistflow.core.errors import MnistflowError
+from mnistflow.core.fsutil import regular_file, sha256_file
 from mnistflow.core.paths import home
 from mnistflow.core.progress import stages, write
-from mnistflow.core.fsutil import regular_file, sha256_file
-from mnistflow.core.errors import MnistflowError
+from mnistflow.data import known
+from mnistflow.data.formats import detect_format, read_known, read_source
+from mnistflow.data.formats.raw import RawDataset, summarize_values
+from mnistflow.data.records import read_meta
+from mnistflow.data.write_records import check_replaceable, write_records
 
 MAX_VARIANTS = 100  # augmented copies of train (prep --variants); each is a full copy
 MAX_SEED = 2**32 - 1  # of the train/val split (as train's --seed)
 MAX_SIDE = 4096  # pixels of --resize (as the CLI's MAX_SIDE)
-
-
-def _source_files(dataset: str | None, data: Path | None) -> tuple[str, list[Path]]:
-    """(name, the files whose content defines the dataset), without parsing them."""
-    if dataset is not None:
-        ds = datasets.lookup(dataset)
-        if ds is None:
-            known = ", ".join(sorted(datasets.KNOWN))
-            raise MnistflowError(f"unknown dataset '{dataset}' (known: {known}; or pass --data PATH)")
-        folder = locate_known(ds, data)
-        return ds.name, known_files(ds, folder)
-    assert data is not None
-    if data.is_dir():
-        files = sorted(p for p in data.rglob("*") if p.is_file() and not p.name.startswith("."))
-        if detect_format(data) == "idx":
-            from mnistflow.data.sources import find_idx_files
-
-            files = sorted(find_idx_files(data).values())
-        return _input_name(data), files
-    files = [data]
-    if detect_format(data) == "csv":  # a sibling *test*.csv is part of the dataset
-        from mnistflow.data.formats.csv import companion_files
-
-        files += companion_files(data)
-    return _input_name(data), files
-
-
-def _input_name(data: Path) -> str:
-    """The name a raw input is known by (its records' cache folder, a known dataset's policy)."""
-    return data.resolve().name if data.is_dir() else data.name.split(".")[0]
-
-
-def known_name(dataset: str | None, data: str | Path | None) -> str | None:
-    """The known dataset that ``--dataset`` / ``--data`` name (a records directory by its meta,
-    raw input by its name), told before any image is read; None when it is not a known dataset
-    or cannot be told yet (the run reports a bad input itself)."""
-    try:
-        dataset, path = _resolve_input(dataset, Path(data) if data is not None else None)
-        name = dataset
-        if name is None and path is not None and path.exists():
-            name = read_meta(path)["name"] if detect_format(path) == "records" else _input_name(path)
-    except (MnistflowError, OSError, KeyError, TypeError):
-        return None
-    return name if name and datasets.lookup(name) is not None else None
-
-
-def policy_of(dataset: str | None, data: str | Path | None) -> str | None:
-    """The augmentation policy of the known dataset that ``--dataset`` / ``--data`` name."""
-    name = known_name(dataset, data)
-    return datasets.lookup(name).augment if name else None
-
-
-def _resolve_input(dataset: str | None, data: Path | None) -> tuple[str | None, Path | None]:
-    """A bare known name given as --data (and no such path), or no input at all
-    ($MNISTFLOW_DATA, else MNIST), means a known dataset."""
-    if dataset is None and data is None:
-        env = os.environ.get("MNISTFLOW_DATA")
-        if env:
-            return None, Path(env)
-        return "mnist", None
-    if (dataset is None and data is not None and not data.exists() and len(data.parts) == 1
-            and datasets.lookup(str(data)) is not None):
-        return str(data), None
-    return dataset, data
 
 
 def prepare(dataset: str | None = None, data: str | Path | None = None,
@@ -112,42 +44,30 @@ def prepare(dataset: str | None = None, data: str | Path | None = None,
     not change what a successful prep writes, so it is not part of the cache key.
     ``val_size`` (images held out of train) defaults to 5000, or a tenth of a smaller set.
     """
-    data = Path(data) if data is not None else None
-    dataset, data = _resolve_input(dataset, data)
+    dataset, data = known.resolve_input(dataset, Path(data) if data is not None else None)
     if data is not None and dataset is None and detect_format(data) == "records":
         return data
     _check_options(val_size, seed, variants, resize, max_pixels)
-    name, files = _source_files(dataset, data)
+    ds = known.require(dataset) if dataset is not None else None
+    folder = known.locate(ds, data) if ds is not None else None
+    name, files = (ds.name, known.files_in(ds, folder)) if ds is not None else _input_files(data)
     if not files:
         raise MnistflowError("is empty: no files to read", data)
     options = {"val_size": val_size, "seed": seed, "variants": variants,
                "resize": list(resize) if resize else None, "tfrecord_keys": list(tfrecord_keys)}
-    base = data if data is not None and data.is_dir() else (files[0].parent)
     with stages(["checksums", "read", "write"], "prep", enabled=not quiet) as stage:
         stage("checksums")
-        sums = {}
-        for f in files:
-            regular_file(f)  # a FIFO would block the hash (and the reader) forever
-            try:
-                rel = str(f.relative_to(base))
-            except ValueError:
-                rel = f.name
-            sums[rel] = sha256_file(f)
+        sums = _checksums(files, data if data is not None and data.is_dir() else files[0].parent)
         key = hashlib.sha256(json.dumps([name, sums, options], sort_keys=True).encode()).hexdigest()
         out = Path(out) if out is not None else home() / "records" / f"{name}-{key[:12]}"
-        if out.is_dir() and (out / "meta.json").is_file() and not force:
-            try:  # an older record format is rebuilt (e.g. format 1 gave labels 1..26 27 classes)
-                had = read_meta(out)
-                if had.get("key") == key and had["format_version"] == FORMAT_VERSION:
-                    if not quiet:
-                        write(f"{out}: up to date (same inputs and options; --force to rebuild)")
-                    return out
-            except MnistflowError:
-                pass
+        if not force and _up_to_date(out, key):
+            if not quiet:
+                write(f"{out}: up to date (same inputs and options; --force to rebuild)")
+            return out
         replace = force or _is_our_cache(out)
-        check_replaceable(out, name if dataset is not None else None, replace)  # before reading
+        check_replaceable(out, name if ds is not None else None, replace)  # before reading
         stage("read")
-        raw: RawDataset = (read_known(dataset, data) if dataset is not None
+        raw: RawDataset = (read_known(ds, folder) if ds is not None
                            else read_source(data, resize=resize, tfrecord_keys=tfrecord_keys,
                                             max_pixels=max_pixels))
         if val_size is None:  # 5000 for the MNIST family; a tenth of a small set
@@ -162,6 +82,51 @@ def prepare(dataset: str | None = None, data: str | Path | None = None,
               + (f" + {variants} augmented copies" if variants else "")
               + f"; {raw.num_classes} classes, labels {summarize_values(raw.values)}")
     return out
+
+
+def input_name(data: Path) -> str:
+    """The name a raw input is known by (its records' cache folder, a known dataset's policy)."""
+    return data.resolve().name if data.is_dir() else data.name.split(".")[0]
+
+
+def _input_files(data: Path) -> tuple[str, list[Path]]:
+    """(name, the files whose content defines the raw input ``data``), without parsing them."""
+    if data.is_dir():
+        files = sorted(p for p in data.rglob("*") if p.is_file() and not p.name.startswith("."))
+        if detect_format(data) == "idx":
+            from mnistflow.data.formats.idx import find_idx_files
+
+            files = sorted(find_idx_files(data).values())
+        return input_name(data), files
+    files = [data]
+    if detect_format(data) == "csv":  # a sibling *test*.csv is part of the dataset
+        from mnistflow.data.formats.csv import companion_files
+
+        files += companion_files(data)
+    return input_name(data), files
+
+
+def _checksums(files: list[Path], base: Path) -> dict[str, str]:
+    """{path relative to ``base`` (else the name): sha256} of the input files: the cache key."""
+    sums = {}
+    for f in files:
+        regular_file(f)  # a FIFO would block the hash (and the reader) forever
+        try:
+            rel = str(f.relative_to(base))
+        except ValueError:
+            rel = f.name
+        sums[rel] = sha256_file(f)
+    return sums
+
+
+def _up_to_date(out: Path, key: str) -> bool:
+    """Whether ``out`` holds readable records of the same inputs and options (``key``)."""
+    if not (out.is_dir() and (out / "meta.json").is_file()):
+        return False
+    try:
+        return read_meta(out).get("key") == key
+    except MnistflowError:  # unreadable, or another record format: rebuilt
+        return False
 
 
 def _whole(name: str, value: object, low: int, high: int, why: str = "") -> None:
@@ -197,33 +162,6 @@ def _check_room(out: Path, raw: RawDataset, variants: int) -> None:
     if need > free:
         raise MnistflowError(f"the records need ~{need / 2**30:.2f} GiB ({variants} augmented copies of "
                              f"train); {free / 2**30:.2f} GiB are free there", out)
-
-
-_NONE = object()  # open_data's "no fallback given" (None is a model that recorded no records)
-
-
-def open_data(data: str | Path | Records | None = None, *, dataset: str | None = None,
-              fallback: str | Path | None = _NONE, verify: bool = True,  # type: ignore[assignment]
-              quiet: bool = True, **options) -> Records:
-    """Records from anything a user may pass as ``--data``: a records directory (opened as it
-    is; an opened ``Records`` comes back unchanged), raw input (an IDX folder, an image
-    folder, CSV, npz, TFRecord, CIFAR-10: prepared into the cache once, see :func:`prepare`)
-    or a known dataset's name; ``dataset`` names a known dataset whose files ``data`` holds.
-
-    With neither ``data`` nor ``dataset``: ``$MNISTFLOW_DATA``, else MNIST; or, when a
-    ``fallback`` is given (the records a model was trained on, ``ModelInfo.records``), that
-    records directory, and an error asking for ``--data`` when it is unknown or gone.
-    ``options`` go to :func:`prepare` (``val_size``, ``seed``, ``variants``, ``resize``,
-    ``tfrecord_keys``, ``force``, ``max_pixels``); ``verify=False`` skips the records' checksums.
-    """
-    if isinstance(data, Records):
-        return data
-    if data is None and dataset is None and fallback is not _NONE:
-        if not fallback or not Path(fallback).is_dir():
-            raise MnistflowError("the model's training records are gone; pass --data RECORDS_OR_RAW",
-                                 fallback or None)
-        return open_records(fallback, verify_checksums=verify)
-    return open_records(prepare(dataset, data, quiet=quiet, **options), verify_checksums=verify)
 
 
 def _is_our_cache(out: Path) -> bool:

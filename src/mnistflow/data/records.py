@@ -1,65 +1,42 @@
-"""The prepared record format: one directory per dataset, written once, atomically.
+"""The prepared record format (version 1), and reading it: one directory per dataset.
 
-    DIR/meta.json            name, class names and label values, shape, splits, mean/std,
-                             checksums, options
+    DIR/meta.json            format_version, name, class names and label values, shape,
+                             splits, mean/std, checksums (of every file and of meta.json
+                             itself: meta_sha256), options
     DIR/{split}_x.npy        (N, H, W, C) uint8, opened by memory map (no copy)
     DIR/{split}_y.npy        (N,) int64 class indices 0..K-1
     DIR/train_x.aug{k}.npy   K augmented copies of the training images (same labels)
 
-The directory is built under a temporary name next to DIR (``.DIR.tmp-HOST-PID-*``) and
-renamed into place, so a crash never leaves a half-written record set behind; what a killed
-``prep`` left there (its owner is gone, or it is over a day old) is removed by the next one.
-A write that fails (disk full, read-only) is one line naming DIR, with nothing left behind.
-Only a record set is ever replaced: a file or a folder of other files at DIR is refused,
-``--force`` or not, and another dataset's record set needs ``--force``.
-
-Opening checks everything before anything is used: ``meta.json`` against its own checksum
-(``meta_sha256``; record sets written before it existed are still read), every payload file
-against its checksum, and the files against what ``meta.json`` says (names, shapes, dtypes,
-counts, the label range): a record set whose files disagree is a one-line error.
-
 Labels: ``{split}_y.npy`` holds class indices 0..K-1 (what a model's outputs are) and
 ``meta.json``'s ``label_values`` the original label of each class (labels 1..26 are classes
-0..25 with ``label_values`` 1..26), what users see. Format 1 (before ``label_values``) is still
-read: its classes are their own values 0..K-1.
+0..25 with ``label_values`` 1..26), what users see.
+
+Opening checks everything before anything is used: ``meta.json`` against its own checksum
+and every field's type, every payload file against its checksum, and the files against what
+``meta.json`` says (names, shapes, dtypes, counts, the label range); nothing is loaded before
+its header is checked. A record set of another format version, or one whose files disagree,
+is a one-line error that says to re-run ``mnistflow prep --force``. Writing: ``write_records``.
 """
 from __future__ import annotations
 
-import contextlib
+import hashlib
 import json
-import os
+import math
 import re
-import secrets
-import shutil
-import signal
-import socket
-import threading
-import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import NoReturn
 
 import numpy as np
 
-from mnistflow.core.errors import MnistflowError, fail, os_error
-from mnistflow.core.fsutil import make_dirs, remove_empty, sha256_file
-from mnistflow.data.record_check import (  # noqa: F401 -- the checks, re-exported
-    _REPREP,
-    FORMAT_VERSION,
-    SPLITS,
-    check_consistent,
-    meta_checksum,
-    payload_files,
-    read_meta,
-    verify,
-)
-from mnistflow.data.formats.raw import (
-    RawDataset,
-    check_labels,
-    summarize_values,
-)
+from mnistflow.core.errors import MnistflowError, fail
+from mnistflow.core.fsutil import open_regular, regular_file, sha256_file
+from mnistflow.data.formats.raw import MAX_CLASSES, summarize_values
 
-STALE_AFTER_S = 24 * 3600  # a temporary record set this old is left over whoever made it
+FORMAT_VERSION = 1
+SPLITS = ("train", "val", "test")
+_REPREP = "re-run 'mnistflow prep --force'"
+_RECORD_FILE = re.compile(r"^(?:meta\.json|(?:train|val|test)_[xy]\.npy|train_x\.aug\d+\.npy)$")
 
 
 @dataclass
@@ -83,10 +60,8 @@ class Records:
 
     @property
     def label_values(self) -> tuple[int, ...]:
-        """The original label value of each class (class index i -> ``label_values[i]``);
-        0..K-1 for a record set written before label values were recorded."""
-        values = self.meta.get("label_values")
-        return tuple(values) if values is not None else tuple(range(self.num_classes))
+        """The original label value of each class (class index i -> ``label_values[i]``)."""
+        return tuple(self.meta["label_values"])
 
     def class_counts(self, split: str) -> np.ndarray:
         """Images per class (by class index) in ``split``; zeros for a split it lacks."""
@@ -96,8 +71,14 @@ class Records:
 
     @property
     def shape(self) -> tuple[int, int, int]:
-        """(H, W, C) of one image."""
+        """(H, W, C) of one image, as the arrays hold it."""
         return tuple(self.meta["shape"])  # type: ignore[return-value]
+
+    @property
+    def in_shape(self) -> tuple[int, int, int]:
+        """(C, H, W) of one image, as a model takes it (``ModelInfo.in_shape``)."""
+        h, w, c = self.shape
+        return c, h, w
 
     @property
     def mean(self) -> list[float]:
@@ -109,7 +90,7 @@ class Records:
 
     @property
     def variants(self) -> int:
-        return int(self.meta.get("variants", 0))
+        return int(self.meta["variants"])
 
     def has(self, split: str) -> bool:
         return self.size(split) > 0
@@ -136,98 +117,171 @@ class Records:
         return x, y
 
 
-def _save_npy(folder: Path, name: str, arr: np.ndarray, checksums: dict[str, str]) -> None:
-    """``np.save``'s bytes, written by Python so that a full disk is ENOSPC (numpy's own
-    writer reports only "N requested and M written")."""
-    p = folder / name
-    arr = np.ascontiguousarray(arr)
-    fmt = np.lib.format
-    with open(p, "wb") as f:
-        try:
-            fmt.write_array_header_1_0(f, fmt.header_data_from_array_1_0(arr))
-        except ValueError:  # a header too long for format 1.0, as np.save would do
-            fmt.write_array_header_2_0(f, fmt.header_data_from_array_1_0(arr))
-        f.write(arr.reshape(-1).view(np.uint8).data)
-        f.flush()
-        os.fsync(f.fileno())
-    checksums[name] = sha256_file(p)
+def meta_checksum(meta: dict) -> str:
+    """sha256 of ``meta`` without its own ``meta_sha256``, in a canonical JSON form."""
+    body = {k: v for k, v in meta.items() if k != "meta_sha256"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
-def _channel_stats(x: np.ndarray) -> tuple[list[float], list[float]]:
-    """Per-channel mean and std of uint8 images in 0..255 units (float64 accumulation)."""
-    c = x.shape[-1]
-    flat = x.reshape(-1, c)
-    # Chunked to bound memory on large sets.
-    s = np.zeros(c)
-    s2 = np.zeros(c)
-    for i in range(0, len(flat), 1 << 22):
-        part = flat[i:i + (1 << 22)].astype(np.float64)
-        s += part.sum(0)
-        s2 += (part * part).sum(0)
-    n = max(len(flat), 1)
-    mean = s / n
-    std = np.sqrt(np.maximum(s2 / n - mean**2, 1e-12))
-    return mean.tolist(), std.tolist()
+def read_meta(path: Path) -> dict:
+    """``meta.json`` of a record set, its checksum and every field's type checked."""
+    path = Path(path)
+    mp = path / "meta.json"
+    if not mp.is_file():
+        fail(path, "not a records directory (no meta.json); run 'mnistflow prep' first")
+    try:
+        with open_regular(mp) as f:
+            text = f.read(1 << 24)  # names and checksums: kilobytes, not megabytes
+        meta = json.loads(text)
+    except (ValueError, UnicodeDecodeError, RecursionError) as e:
+        fail(mp, f"unreadable metadata ({e})")
+    if not isinstance(meta, dict) or "format_version" not in meta:
+        fail(mp, "not mnistflow record metadata")
+    v = meta["format_version"]
+    if type(v) is not int or v != FORMAT_VERSION:
+        fail(path, f"holds record format {str(v)[:20]}; this mnistflow reads format "
+                   f"{FORMAT_VERSION}: {_REPREP}")
+    for k in ("name", "class_names", "label_values", "shape", "splits", "mean", "std",
+              "variants", "files", "meta_sha256"):
+        if k not in meta:
+            fail(mp, f"metadata lacks '{k}'; {_REPREP}")
+    if meta["meta_sha256"] != meta_checksum(meta):
+        fail(mp, f"checksum does not match its content: the record set is corrupt or was "
+                 f"edited; {_REPREP}")
+    _check_meta(mp, meta)
+    return meta
 
 
-def split_train_val(n: int, val_size: int, seed: int,
-                    y: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """Deterministic (train_idx, val_idx), both sorted, from a seeded permutation.
-
-    With the labels ``y`` (class indices), every class keeps at least one training image
-    where it can: an image the permutation put in val is swapped with a training image of a
-    class that has more than one (a rare class would otherwise be one the model could never
-    learn). Where no class needs it (any sizeable dataset), the split is the permutation's."""
-    if val_size < 0 or val_size >= n:
-        raise MnistflowError(f"--val-size {val_size} must be in 0..{n - 1} for {n} training images")
-    perm = np.random.default_rng(seed).permutation(n)
-    val, train = perm[:val_size], perm[val_size:]
-    if y is not None and val_size:
-        y = np.asarray(y)
-        k = int(y.max()) + 1
-        have = np.bincount(y[train], minlength=k)
-        for c in np.flatnonzero((np.bincount(y, minlength=k) > 0) & (have == 0)):
-            donors = np.flatnonzero(have[y[train]] > 1)
-            if not len(donors):
-                break  # too few training images for every class: check_classes says which
-            j = int(np.flatnonzero(y[val] == c)[0])
-            i = int(donors[-1])
-            have[y[train[i]]] -= 1
-            have[c] += 1
-            val[j], train[i] = train[i], val[j]
-    return np.sort(train), np.sort(val)
+def _is_int(v, lo: int = 0) -> bool:
+    return type(v) is int and v >= lo
 
 
-def write_records(raw: RawDataset, out: Path, *, key: str, options: dict,
-                  source_checksums: dict[str, str], val_size: int = 5000, seed: int = 0,
-                  variants: int = 0, force: bool = False) -> Path:
-    """Write ``raw`` as a record set at ``out`` atomically; returns ``out``."""
-    out = Path(out)
-    tr_idx, va_idx = split_train_val(len(raw.train.y), val_size, seed, raw.train.y)
-    check_replaceable(out, raw.name, force)
-    created = make_dirs(out.parent)
-    with _sigterm_as_exit():
-        tmp = None
-        try:
-            sweep_stale(out)
-            # Named before it exists: a SIGTERM landing just after the mkdir still finds it bound
-            # for the cleanup below (mkdtemp's return value would be lost, the folder left).
-            tmp = out.parent / f".{out.name}.tmp-{_owner()}-{secrets.token_hex(4)}"
-            os.mkdir(tmp)  # the mode mkdir gives: 0777 less the umask
-            _write(raw, out, tmp, tr_idx, va_idx, key=key, options=options,
-                   source_checksums=source_checksums, val_size=val_size, seed=seed,
-                   variants=variants, force=force)
-        except BaseException as e:
-            if tmp is not None:
-                shutil.rmtree(tmp, ignore_errors=True)
-            remove_empty(created)
-            if isinstance(e, OSError):
-                raise os_error(e, out) from e
-            raise
+def _check_meta(mp: Path, meta: dict) -> None:
+    """Every field has the type and range the loaders rely on (a hand-edited or damaged
+    meta.json is an error here, not an IndexError in training)."""
+    def bad(what: str) -> NoReturn:
+        fail(mp, f"{what}: the record set is inconsistent; {_REPREP}")
+
+    names, shape, splits = meta["class_names"], meta["shape"], meta["splits"]
+    if not isinstance(meta["name"], str):
+        bad("'name' is not a string")
+    if (not isinstance(names, list) or not 1 <= len(names) <= MAX_CLASSES
+            or not all(isinstance(n, str) for n in names)):
+        bad(f"'class_names' should be 1..{MAX_CLASSES:,} strings")
+    if (not isinstance(shape, list) or len(shape) != 3 or not all(_is_int(n, 1) for n in shape)
+            or math.prod(shape) > 1 << 28):
+        bad(f"'shape' should be [H, W, C] of positive sizes, got {str(shape)[:60]}")
+    if (not isinstance(splits, dict) or not set(splits) <= set(SPLITS)
+            or not all(_is_int(n) for n in splits.values())):
+        bad(f"'splits' should map {', '.join(SPLITS)} to image counts")
+    c = shape[2]
+    for k in ("mean", "std"):
+        vals = meta[k]
+        if (not isinstance(vals, list) or len(vals) != c
+                or not all(isinstance(x, (int, float)) and math.isfinite(x) for x in vals)):
+            bad(f"'{k}' should be {c} finite numbers (one per channel)")
+    if not all(x > 0 for x in meta["std"]):
+        bad("'std' should be positive")
+    if not _is_int(meta["variants"]):
+        bad("'variants' should be a count")
+    values = meta["label_values"]
+    if (not isinstance(values, list) or len(values) != len(names) or not all(_is_int(v) for v in values)
+            or any(a >= b for a, b in zip(values, values[1:]))):
+        bad(f"'label_values' should be {len(names)} increasing label values (one per class name)")
+    files = meta["files"]
+    if not isinstance(files, dict) or not all(
+            isinstance(n, str) and isinstance(d, str) for n, d in files.items()):
+        bad("'files' should map file names to checksums")
+    expected = payload_files(meta)
+    for n in files:  # only the set's own files: never a path out of the directory
+        if n not in expected:
+            bad(f"'files' names '{n[:60]}', which is not a file of this record set")
+    missing = [n for n in expected if n not in files]
+    if missing:
+        bad(f"'files' lacks {', '.join(missing)} (not covered by a checksum)")
+
+
+def payload_files(meta: dict) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """{file name: (dtype, shape)} of every payload file ``meta`` says the set holds."""
+    shape = tuple(meta["shape"])
+    out: dict[str, tuple[str, tuple[int, ...]]] = {}
+    for split in SPLITS:
+        n = meta["splits"].get(split, 0)
+        if n:
+            out[f"{split}_x.npy"] = ("|u1", (n, *shape))
+            out[f"{split}_y.npy"] = ("<i8", (n,))
+    for k in range(1, int(meta["variants"]) + 1):
+        out[f"train_x.aug{k}.npy"] = ("|u1", (meta["splits"].get("train", 0), *shape))
     return out
 
 
-_RECORD_FILE = re.compile(r"^(?:meta\.json|(?:train|val|test)_[xy]\.npy|train_x\.aug\d+\.npy)$")
+def _npy_header(p: Path) -> tuple[np.dtype, tuple[int, ...], bool, int]:
+    """(dtype, shape, fortran order, data offset) of a .npy file, read without loading it."""
+    fmt = np.lib.format
+    try:
+        with open_regular(p) as f:
+            major, _ = fmt.read_magic(f)
+            if major not in (1, 2, 3):
+                raise ValueError(f"unknown .npy format version {major}")
+            reader = fmt.read_array_header_1_0 if major == 1 else fmt.read_array_header_2_0
+            shape, fortran, dtype = reader(f, max_header_size=1 << 16)
+            return dtype, shape, fortran, f.tell()
+    except MnistflowError:
+        raise
+    except Exception as e:  # header errors come in many kinds
+        fail(p, f"not a readable .npy array ({type(e).__name__}: {e}); {_REPREP}")
+
+
+def check_consistent(path: Path, meta: dict) -> None:
+    """The payload files hold what ``meta`` says: dtype, shape and size from each header
+    (nothing is loaded), then the labels' range. One line naming the file otherwise."""
+    path = Path(path)
+    for name, (dtype, shape) in payload_files(meta).items():
+        p = path / name
+        if not p.exists():
+            fail(p, "missing from the record set")
+        dt, sh, fortran, offset = _npy_header(p)
+        if dt.str != dtype or dt.hasobject or fortran or tuple(sh) != shape:
+            fail(p, f"holds {dt} {tuple(sh)}, but meta.json says {np.dtype(dtype)} {shape}: "
+                    f"the record set is inconsistent; {_REPREP}")
+        size = p.stat().st_size
+        if size != offset + math.prod(shape) * dt.itemsize:
+            fail(p, f"is {size:,} bytes, not the {offset + math.prod(shape) * dt.itemsize:,} its "
+                    f"{shape} array takes: the record set is truncated or corrupt; {_REPREP}")
+    k = len(meta["class_names"])
+    for split in SPLITS:
+        if meta["splits"].get(split, 0):
+            p = path / f"{split}_y.npy"
+            y = np.load(p, mmap_mode="r", allow_pickle=False)
+            lo, hi = int(y.min()), int(y.max())
+            if lo < 0 or hi >= k:
+                bad = lo if lo < 0 else hi
+                fail(p, f"label {bad} is outside 0..{k - 1} ({k} classes in meta.json): the "
+                        f"record set is inconsistent; {_REPREP}")
+
+
+def verify(path: Path, meta: dict | None = None) -> None:
+    """Check every payload file against the checksum recorded in meta.json."""
+    path = Path(path)
+    meta = meta or read_meta(path)
+    for name, digest in meta["files"].items():
+        p = path / name
+        if not p.exists():
+            fail(p, "missing from the record set")
+        regular_file(p)
+        if sha256_file(p) != digest:
+            fail(p, f"checksum does not match meta.json: the record set is corrupt; {_REPREP}")
+
+
+def open_records(path: Path | str, verify_checksums: bool = True) -> Records:
+    """Open a record set: meta.json checked, the files' checksums verified (unless told
+    not to), then the files checked against meta.json (headers, sizes, label range)."""
+    path = Path(path)
+    meta = read_meta(path)
+    if verify_checksums:
+        verify(path, meta)
+    check_consistent(path, meta)
+    return Records(path, meta)
 
 
 def is_record_set(path: Path, *, among_others: bool = False) -> bool:
@@ -242,223 +296,6 @@ def is_record_set(path: Path, *, among_others: bool = False) -> bool:
     return "meta.json" in names and (len(records) > 1 if among_others else records == names)
 
 
-def check_replaceable(out: Path, name: str | None, force: bool) -> None:
-    """Refuse to write records at ``out`` where that would lose something: a file or a folder
-    of other files (never replaced, even with ``force``), or, unless ``force``, the record
-    set of another dataset than ``name`` (None: not known yet) or one whose metadata is
-    unreadable. Nothing there, an empty folder, or this dataset's records are fine."""
-    out = Path(out)
-    if not os.path.lexists(out):
-        return
-    if not out.is_dir():
-        fail(out, "exists and is not a directory; pick another --out for the records")
-    try:
-        empty = not any(out.iterdir())
-    except OSError as e:
-        raise os_error(e, out) from e
-    if empty:
-        return
-    if not is_record_set(out):
-        fail(out, "exists and is not a record set (it holds other files); prep replaces only "
-                  "a record set: pick another --out or empty it yourself")
-    if force or name is None:
-        return
-    try:
-        had = read_meta(out)["name"]
-    except MnistflowError as e:
-        fail(out, f"holds a record set that cannot be read ({e.detail}); --force to replace it")
-    if had != name:
-        fail(out, f"holds the records of another dataset ('{had}', not '{name}'); "
-                  f"--force to replace them, or pick another --out")
-
-
-def _write(raw: RawDataset, out: Path, tmp: Path, tr_idx: np.ndarray, va_idx: np.ndarray, *,
-           key: str, options: dict, source_checksums: dict[str, str], val_size: int, seed: int,
-           variants: int, force: bool) -> None:
-    """Write the record set into ``tmp``, then move it to ``out``."""
-    checksums: dict[str, str] = {}
-    xtr, ytr = raw.train.x[tr_idx], raw.train.y[tr_idx]
-    parts = {"train": (xtr, ytr), "val": (raw.train.x[va_idx], raw.train.y[va_idx])}
-    if raw.test is not None:
-        parts["test"] = (raw.test.x, raw.test.y)
-    values = check_classes(raw, {s: y for s, (_, y) in parts.items()}, val_size)
-    counts = {}
-    for split, (x, y) in parts.items():
-        counts[split] = int(len(y))
-        if len(y):
-            _save_npy(tmp, f"{split}_x.npy", x, checksums)
-            _save_npy(tmp, f"{split}_y.npy", y.astype(np.int64), checksums)
-    if variants:
-        from mnistflow.data.augment import make_variant
-
-        for k in range(1, variants + 1):
-            _save_npy(tmp, f"train_x.aug{k}.npy", make_variant(xtr, seed * 1000 + k), checksums)
-    mean, std = _channel_stats(xtr)
-    meta = {
-        "format_version": FORMAT_VERSION,
-        "name": raw.name,
-        "class_names": list(raw.class_names),
-        "label_values": list(values),
-        "shape": list(raw.train.x.shape[1:]),
-        "splits": counts,
-        "mean": mean,
-        "std": std,
-        "variants": variants,
-        "val_size": val_size,
-        "seed": seed,
-        "options": options,
-        "key": key,
-        "sources": source_checksums,
-        "files": checksums,
-    }
-    meta["meta_sha256"] = meta_checksum(meta)
-    with open(tmp / "meta.json", "w") as f:
-        json.dump(meta, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
-    _replace_dir(tmp, out, force, raw.name)
-
-
-def check_classes(raw: RawDataset, labels: dict[str, np.ndarray], val_size: int) -> tuple[int, ...]:
-    """The label values of ``raw``'s classes, once its splits' class indices (``labels``:
-    split -> y) are checked: each in 0..K-1, one value per class, and no class in val or test
-    that the training split never has (an error naming it). A class no split has an image of
-    (one that only the class names define) is a warning."""
-    k = raw.num_classes
-    values = raw.values
-    if len(values) != k or len(set(values)) != k:
-        raise ValueError(f"{raw.name}: {len(values)} label values for {k} class names (or repeated values)")
-    counts = {}
-    for split, y in labels.items():
-        check_labels(y, k, f"{raw.name} ({split})")
-        counts[split] = np.bincount(y, minlength=k) if len(y) else np.zeros(k, np.int64)
-
-    def cls(i: int) -> str:
-        v, n = values[i], raw.class_names[i]
-        return f"{v}" if n == str(v) else f"{v} ('{n}')"
-
-    train = counts["train"]
-    for split in ("val", "test"):
-        lost = np.flatnonzero((counts.get(split, train) > 0) & (train == 0))
-        if len(lost):
-            i = int(lost[0])
-            why = (f"--val-size {val_size} leaves {int(sum(train))} training images for "
-                   f"{int(np.count_nonzero(sum(counts.values())))} classes: pass a smaller --val-size"
-                   if split == "val" else "the model could never learn it")
-            raise MnistflowError(f"class {cls(i)} has {split} images but no training image; {why}")
-    empty = np.flatnonzero(sum(counts.values()) == 0)
-    if len(empty):
-        from mnistflow.core.log import warn
-
-        warn(f"{raw.name}: {len(empty)} class(es) named but without any image: "
-             + ", ".join(cls(int(i)) for i in empty[:5]) + (", ..." if len(empty) > 5 else ""))
-    return values
-
-
-def _owner() -> str:
-    """HOST-PID of this process, as it appears in its temporary names."""
-    host = re.sub(r"[^A-Za-z0-9.]", "", socket.gethostname())[:40] or "host"
-    return f"{host}-{os.getpid()}"
-
-
-_LEFTOVER = re.compile(r"^\.(?P<name>.+)\.(?P<kind>tmp|old)-(?:(?P<host>[A-Za-z0-9.]+)-(?P<pid>\d+)(?:-[^-]*)?|[^-]*)$")
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # EPERM: it exists, owned by someone else
-        return True
-    return True
-
-
-def sweep_stale(out: Path, max_age_s: float = STALE_AFTER_S) -> list[Path]:
-    """Remove what killed writers of ``out`` left next to it: ``.OUT.tmp-*`` (half-written
-    record sets) and ``.OUT.old-*`` (a replaced set, put back when OUT itself is missing),
-    when their owner process on this host is gone, or they are older than ``max_age_s``
-    (another host's, or an older mnistflow's unnamed ones after a day). Returns what went."""
-    out = Path(out)
-    here = _owner().rsplit("-", 1)[0]
-    gone = []
-    try:
-        entries = list(out.parent.iterdir())
-    except OSError:
-        return gone
-    for p in entries:
-        m = _LEFTOVER.match(p.name)
-        if not m or m["name"] != out.name or p.is_symlink() or not p.is_dir():
-            continue
-        if m["pid"] is not None and m["host"] == here:
-            stale = int(m["pid"]) != os.getpid() and not _alive(int(m["pid"]))
-        else:
-            try:
-                stale = time.time() - p.stat().st_mtime > max_age_s
-            except OSError:
-                continue
-        if not stale:
-            continue
-        if m["kind"] == "old" and not out.exists() and (p / "meta.json").is_file():
-            os.replace(p, out)  # killed between the two renames: the old set is the live one
-        else:
-            shutil.rmtree(p, ignore_errors=True)
-        gone.append(p)
-    return gone
-
-
-@contextlib.contextmanager
-def _sigterm_as_exit() -> Iterator[None]:
-    """While records are written, SIGTERM (``kill``, a closing terminal, a job scheduler)
-    unwinds like Ctrl-C so the temporary directory is removed; only where nobody else has
-    claimed SIGTERM, and only in the main thread (where Python runs signal handlers)."""
-    if (threading.current_thread() is not threading.main_thread()
-            or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL):
-        yield
-        return
-
-    def _exit(signum, frame):
-        raise SystemExit(128 + signum)
-
-    signal.signal(signal.SIGTERM, _exit)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-
-
-def _replace_dir(tmp: Path, out: Path, force: bool, name: str) -> None:
-    """Rename ``tmp`` (records of dataset ``name``) to ``out``; an existing ``out`` is swapped
-    away only after success."""
-    if os.path.lexists(out):
-        check_replaceable(out, name, force)  # again: another prep may have written it meanwhile
-        old = out.with_name(f".{out.name}.old-{_owner()}")
-        os.rename(out, old)
-        os.rename(tmp, out)
-        if old.is_symlink():
-            old.unlink()
-        else:
-            shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.rename(tmp, out)
-    fd = os.open(out.parent, os.O_RDONLY)  # make the rename itself durable
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def open_records(path: Path | str, verify_checksums: bool = True) -> Records:
-    """Open a record set: meta.json checked, the files' checksums verified (unless told
-    not to), then the files checked against meta.json (headers, sizes, label range)."""
-    path = Path(path)
-    meta = read_meta(path)
-    if verify_checksums:
-        verify(path, meta)
-    check_consistent(path, meta)
-    return Records(path, meta)
-
-
 def describe(rec: Records) -> str:
     """What a record set holds, as a few aligned lines."""
     m = rec.meta
@@ -471,7 +308,7 @@ def describe(rec: Records) -> str:
     ]
     for s in SPLITS:
         lines.append(f"{s:<9} {m['splits'].get(s, 0):,}")
-    lines.append(f"variants  {m.get('variants', 0)} augmented copies of train")
+    lines.append(f"variants  {m['variants']} augmented copies of train")
     lines.append("mean/std  " + ", ".join(f"{a:.2f}/{b:.2f}" for a, b in zip(m["mean"], m["std"])))
     size = sum((rec.path / f).stat().st_size for f in m["files"])
     lines.append(f"size      {size / 2**20:.1f} MiB in {len(m['files'])} files")

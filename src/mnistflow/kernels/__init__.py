@@ -30,6 +30,8 @@ import platform
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
@@ -41,7 +43,8 @@ KERNELS_ENV, AMX_ENV = "MNISTFLOW_KERNELS", "MNISTFLOW_AMX"
 _ON, _OFF = ("1", "on", "true", "yes"), ("0", "off", "false", "no")
 CSRC = Path(__file__).parent / "csrc"
 SOURCES = ("maxpool.c", "bnrelu.c", "layout.c", "wgrad.c", "muon.c")  # compiled, in csrc/
-HEADERS = ("mnistflow_kernels.h", "bf16.h", "bnrelu_impl.h", "amx.h", "vnni.h")  # included by them
+# included by them (<op>_impl.h: a kernel written once, included by <op>.c once per element type)
+HEADERS = ("mnistflow_kernels.h", "bf16.h", "maxpool_impl.h", "bnrelu_impl.h", "layout_impl.h", "amx.h", "vnni.h")
 # hidden by default: the library exports exactly what mnistflow_kernels.h declares
 CFLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11", "-fvisibility=hidden")
 
@@ -61,7 +64,7 @@ SIGNATURES = {
     "bnrelu_backward_bf16": _BN_BACKWARD, "bnrelu_backward_f32": _BN_BACKWARD,
     "bnrelu_eval_bf16": ([_P, _P, _P, _P, _I, _I, _N], None), "bnrelu_eval_f32": ([_P, _P, _P, _P, _I, _I, _N], None),
     "swap_nc_u16": ([_P, _P, _I, _I, _I, _N], None), "swap_nc_u32": ([_P, _P, _I, _I, _I, _N], None),
-    "col2im_bf16": ([_P, _P, _I, _I, _I, _I, _I, _N], None), "col2im_f32": ([_P, _P, _I, _I, _I, _I, _I, _N], None),
+    "col2im_bf16": ([_P, _P, _I, _I, _I, _I, _I, _N], _N), "col2im_f32": ([_P, _P, _I, _I, _I, _I, _I, _N], _N),
     "amx_request": ([], _N),  # 0: this process may use AMX tiles
     # last argument: 1 AMX tiles, 0 AVX-512-BF16; returns 0; 1 no memory; 2 shape; -1 not in this build
     "conv3x3_wgrad_bf16": ([_P, _P, _P, _I, _I, _I, _I, _I, _N, _N], _N),
@@ -70,10 +73,50 @@ SIGNATURES = {
     "newton_schulz_bf16": ([_N, ctypes.POINTER(_P), ctypes.POINTER(_I), ctypes.POINTER(_I), _N, _N, _N], _N),
 }
 
-_state: dict = {"reason": "not loaded yet"}  # the library's
-_amx: dict = {}  # the AMX kernels': key (what it was checked for), ok, reason
-_vector: dict = {}  # the AVX-512-BF16 kernels' (weight gradient, Muon): key, ok, reason
-_used: set[str] = set()  # the ops that ran on a kernel (mark_used)
+
+@dataclass
+class _Verdict:
+    """Whether a group of kernels may run here, decided once per ``key`` (what it was decided
+    for: the loaded library, a switch) by ``decide``."""
+    key: object = None
+    ok: bool = False
+    reason: str = "not checked"
+
+    def decide(self, key: object, why_not: str | None, check: Callable[[], None], what: str) -> bool:
+        """``why_not`` (a reason they cannot run) or else ``check()``, their self-checks against
+        PyTorch, run with autograd on whatever mode the caller is in; kept until the key changes.
+        A path the build lacks (``NotImplementedError``) falls back quietly; a wrong result or a
+        failed call, with one warning."""
+        if self.key == key:
+            return self.ok
+        ok, why = False, why_not
+        if why is None:
+            try:
+                with torch.inference_mode(False), torch.enable_grad(), torch.autocast("cpu", enabled=False):
+                    check()
+                ok, why = True, "loaded"
+            except NotImplementedError as e:
+                why = f"unavailable: {e}"
+            except Exception as e:  # noqa: BLE001 -- PyTorch's ops instead, said once
+                from mnistflow.core.log import warn
+                why = f"unavailable: {e}"
+                warn(f"the {what} {why}; using PyTorch's ops (slower)")
+        self.key, self.ok, self.reason = key, ok, why
+        return ok
+
+
+@dataclass
+class _State:
+    """What this process knows of its kernels (one instance, ``_state``; ``library()``'s
+    lru_cache holds the library itself)."""
+    reason: str = "not loaded yet"  # the library's: reason()
+    single_thread: bool = False  # a second OpenMP runtime is loaded: threads() is 1
+    amx: _Verdict = field(default_factory=_Verdict)  # the AMX kernels (wgrad's, muon's tiles)
+    vector: _Verdict = field(default_factory=_Verdict)  # the AVX-512-BF16 ones (wgrad, muon)
+    ops: set[str] = field(default_factory=set)  # the ops that ran on a kernel (mark_used)
+
+
+_state = _State()
 
 
 class KernelBuildError(RuntimeError):
@@ -171,11 +214,11 @@ def _load() -> ctypes.CDLL:
 def library() -> ctypes.CDLL | None:
     """The loaded and checked kernel library, or None (``reason()`` says why)."""
     if not enabled():
-        _state["reason"] = "off (MNISTFLOW_KERNELS=0)"
+        _state.reason = "off (MNISTFLOW_KERNELS=0)"
         return None
     try:
         lib = _load()
-        _state["single_thread"] = len(_openmp_runtimes()) > 1
+        _state.single_thread = len(_openmp_runtimes()) > 1
         from mnistflow.kernels import bnrelu, layout, pool
         # checked with autograd on, whatever mode the first caller is in
         with torch.inference_mode(False), torch.enable_grad(), torch.autocast("cpu", enabled=False):
@@ -184,34 +227,11 @@ def library() -> ctypes.CDLL | None:
             layout.self_check(lib)
     except Exception as e:  # noqa: BLE001 -- any failure: PyTorch's ops instead, said once
         from mnistflow.core.log import warn
-        _state["reason"] = f"unavailable: {e}"
-        warn(f"native kernels {_state['reason']}; using PyTorch's ops (slower)")
+        _state.reason = f"unavailable: {e}"
+        warn(f"native kernels {_state.reason}; using PyTorch's ops (slower)")
         return None
-    _state["reason"] = "loaded" + (" (1 thread: a second OpenMP runtime is loaded)"
-                                   if _state["single_thread"] else "")
+    _state.reason = "loaded" + (" (1 thread: a second OpenMP runtime is loaded)" if _state.single_thread else "")
     return lib
-
-
-def _verdict(state: dict, key, why_not: str | None, check, what: str) -> bool:
-    """Whether a group of kernels may run, decided once per ``key`` and kept in ``state`` (key,
-    ok, reason): ``why_not`` (a reason they cannot) or else ``check()``, their self-checks against
-    PyTorch, run with autograd on whatever mode the caller is in. A path the build lacks
-    (``NotImplementedError``) falls back quietly; a wrong result or a failed call, with one warning."""
-    if state.get("key") != key:
-        ok, why = False, why_not
-        if why is None:
-            try:
-                with torch.inference_mode(False), torch.enable_grad(), torch.autocast("cpu", enabled=False):
-                    check()
-                ok, why = True, "loaded"
-            except NotImplementedError as e:
-                why = f"unavailable: {e}"
-            except Exception as e:  # noqa: BLE001 -- PyTorch's ops instead, said once
-                from mnistflow.core.log import warn
-                why = f"unavailable: {e}"
-                warn(f"the {what} {why}; using PyTorch's ops (slower)")
-        state.update(key=key, ok=ok, reason=why)
-    return state["ok"]
 
 
 def amx_available() -> bool:
@@ -229,13 +249,13 @@ def amx_available() -> bool:
         wgrad.self_check(lib)
         muon.self_check(lib)
 
-    return _verdict(_amx, (off, id(lib)), why_not, check, "AMX kernels are")
+    return _state.amx.decide((off, id(lib)), why_not, check, "AMX kernels are")
 
 
 def amx_reason() -> str:
     """One line for ``mnistflow doctor``: loaded, off, or why unavailable."""
     amx_available()
-    return _amx["reason"]
+    return _state.amx.reason
 
 
 def bf16_engine() -> str | None:
@@ -257,7 +277,7 @@ def bf16_engine() -> str | None:
         wgrad.self_check(lib, tiles=False)
         muon.self_check(lib, tiles=False)
 
-    ok = _verdict(_vector, id(lib), why_not, check, "AVX-512-BF16 kernels are")
+    ok = _state.vector.decide(id(lib), why_not, check, "AVX-512-BF16 kernels are")
     return "avx512-bf16" if ok else None
 
 
@@ -268,13 +288,13 @@ def bf16_reason() -> str:
         return "native kernels, AMX tiles"
     if engine:
         return "native kernels, AVX-512-BF16 (no AMX)"
-    return f"PyTorch's (the AVX-512-BF16 kernels: {_vector['reason']})"
+    return f"PyTorch's (the AVX-512-BF16 kernels: {_state.vector.reason})"
 
 
 def check_rc(rc: int, kernel: str, other: str = "failed") -> None:
     """A kernel's return code as README.md's ABI defines it: 0 done; 1 out of memory
     (``MemoryError``); -1 a path this build lacks (``NotImplementedError``, which
-    ``_verdict`` takes as a quiet fallback); anything else ``RuntimeError(kernel: other)``."""
+    ``_Verdict.decide`` takes as a quiet fallback); anything else ``RuntimeError(kernel: other)``."""
     if rc == -1:
         raise NotImplementedError(f"{kernel} kernel: not in this build (the compiler did not target it)")
     if rc == 1:
@@ -286,7 +306,7 @@ def check_rc(rc: int, kernel: str, other: str = "failed") -> None:
 def mark_used(op: str) -> None:
     """Note that ``op`` ran on its native kernel in this process (one set insert: cheap enough
     for every call)."""
-    _used.add(op)
+    _state.ops.add(op)
 
 
 def used() -> dict:
@@ -294,19 +314,19 @@ def used() -> dict:
     (``reason()``), the AMX kernels' and the AVX-512-BF16 kernels' (or "not checked"
     when nothing asked for them), and the ops that ran on a kernel since the start or
     ``reset_used()`` (sorted; empty when none did). Builds and checks nothing."""
-    return {"native": _state["reason"], "amx": _amx.get("reason", "not checked"),
-            "avx512_bf16": _vector.get("reason", "not checked"), "ops": sorted(_used)}
+    return {"native": _state.reason, "amx": _state.amx.reason, "avx512_bf16": _state.vector.reason,
+            "ops": sorted(_state.ops)}
 
 
 def reset_used() -> None:
     """Forget the ops recorded so far (a run that starts in a process that already trained)."""
-    _used.clear()
+    _state.ops.clear()
 
 
 def threads() -> int:
-    return 1 if _state.get("single_thread") else torch.get_num_threads()
+    return 1 if _state.single_thread else torch.get_num_threads()
 
 
 def reason() -> str:
     """One line for ``mnistflow doctor``: loaded, off, or why unavailable."""
-    return _state["reason"]
+    return _state.reason

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
-from mnistflow.kernels import library, mark_used, threads
+from mnistflow.kernels import check_rc, library, mark_used, threads
 from mnistflow.kernels.pool import nhwc
 
 _FORWARD = {torch.bfloat16: "bnrelu_forward_bf16", torch.float32: "bnrelu_forward_f32"}
@@ -55,8 +55,7 @@ def _forward(lib, x, weight, bias, running_mean, running_var, momentum: float, e
     rc = getattr(lib, _FORWARD[x.dtype])(x.data_ptr(), y.data_ptr(), _ptr(weight), _ptr(bias),
                                          _ptr(running_mean), _ptr(running_var), mean.data_ptr(),
                                          invstd.data_ptr(), n * h * w, c, momentum, eps, threads())
-    if rc:
-        raise MemoryError("bnrelu kernel: out of memory for its per-thread sums")
+    check_rc(rc, "batch-norm")
     return y, mean, invstd
 
 
@@ -70,8 +69,7 @@ def _backward(lib, g, y, x, weight, mean, invstd, needs_weight: bool, needs_bias
     rc = getattr(lib, _BACKWARD[x.dtype])(g.data_ptr(), y.data_ptr(), x.data_ptr(), _ptr(weight),
                                           mean.data_ptr(), invstd.data_ptr(), gx.data_ptr(),
                                           _ptr(gw), _ptr(gb), n * h * w, c, threads())
-    if rc:
-        raise MemoryError("bnrelu kernel: out of memory for its per-thread sums")
+    check_rc(rc, "batch-norm")
     return gx, gw, gb
 
 

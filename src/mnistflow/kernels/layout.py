@@ -7,7 +7,7 @@ import ctypes
 
 import torch
 
-from mnistflow.kernels import library, mark_used, threads
+from mnistflow.kernels import check_rc, library, mark_used, threads
 from mnistflow.kernels.pool import nhwc
 
 _SWAP = {2: "swap_nc_u16", 4: "swap_nc_u32"}  # by element size
@@ -41,7 +41,7 @@ def col2im(gc: torch.Tensor, h: int, w: int, k: int) -> torch.Tensor:
     if lib is not None:
         mark_used("col2im")
         gx = torch.empty((n, h, w, c), dtype=gc.dtype)
-        getattr(lib, _COL2IM[gc.dtype])(gc.data_ptr(), gx.data_ptr(), n, h, w, c, k, threads())
+        check_rc(getattr(lib, _COL2IM[gc.dtype])(gc.data_ptr(), gx.data_ptr(), n, h, w, c, k, threads()), "col2im")
         return gx.permute(0, 3, 1, 2)
     return col2im_reference(gc, h, w, k)
 
@@ -79,7 +79,7 @@ def self_check(lib: ctypes.CDLL) -> None:
         for (h, w, k) in ((4, 4, 3), (5, 7, 3), (3, 3, 1)):
             gc = torch.randn(3, h - k + 1, w - k + 1, k, k, 5).to(dtype)
             gx = torch.empty((3, h, w, 5), dtype=dtype)
-            getattr(lib, _COL2IM[dtype])(gc.data_ptr(), gx.data_ptr(), 3, h, w, 5, k, 1)
+            check_rc(getattr(lib, _COL2IM[dtype])(gc.data_ptr(), gx.data_ptr(), 3, h, w, 5, k, 1), "col2im")
             ref = col2im_reference(gc.float(), h, w, k).permute(0, 2, 3, 1).to(dtype)
             if not torch.allclose(gx.float(), ref.float(), rtol=1e-2, atol=1e-2):
                 raise RuntimeError(f"the col2im kernel disagrees with PyTorch ({dtype}): miscompiled?")

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
-from mnistflow.kernels import library, mark_used, threads
+from mnistflow.kernels import check_rc, library, mark_used, threads
 
 _FORWARD = {torch.bfloat16: "maxpool2x2_forward_bf16", torch.float32: "maxpool2x2_forward_f32"}
 _BACKWARD = {2: "maxpool2x2_backward_u16", 4: "maxpool2x2_backward_u32"}  # by element size
@@ -43,8 +43,8 @@ def _forward(lib, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     oh, ow = (h + 1) // 2, (w + 1) // 2
     y = torch.empty((n, c, oh, ow), dtype=x.dtype, memory_format=torch.channels_last)
     code = torch.empty((n, oh, ow, c), dtype=torch.uint8)  # which of the 4 inputs won
-    if getattr(lib, _FORWARD[x.dtype])(x.data_ptr(), y.data_ptr(), code.data_ptr(), n, h, w, c, threads()):
-        raise MemoryError("max-pool kernel: out of memory")
+    check_rc(getattr(lib, _FORWARD[x.dtype])(x.data_ptr(), y.data_ptr(), code.data_ptr(), n, h, w, c, threads()),
+             "max-pool")
     return y, code
 
 

@@ -16,7 +16,6 @@ from mnistflow.data.augment import TTA_SHIFTS, shifted
 from mnistflow.runtime import dist
 from mnistflow.runtime.device import Amp
 
-TTA_VIEWS = (0, 2, 4, 8)  # extra views: left/right, + up/down, + the diagonals (TTA_SHIFTS' order)
 
 
 def tta_logits(model: nn.Module | Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, views: int,

@@ -56,8 +56,7 @@ def predict_split(run_dir: str | Path, *, data: str | Path | None = None, device
     set_threads(threads)
     model, info = load_any(run_dir, device=pick_device(device), data=data)
     rec = open_data(data, fallback=info.records)
-    c, h, w = info.in_shape
-    if rec.shape != (h, w, c):
+    if rec.in_shape != tuple(info.in_shape):
         raise MnistflowError(f"records hold {rec.shape} images but the model takes "
                              f"{tuple(info.in_shape)} (C, H, W)", rec.path)
     split = "test" if rec.has("test") else "val"

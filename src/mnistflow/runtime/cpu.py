@@ -1,13 +1,14 @@
-"""The process the training runs in: device, threads, precision, and the allocator.
+"""The CPU the training runs on: its features, threads (and torchrun's launch variables), the
+allocator and denormals. The device and precision are ``runtime.device``.
 
-Two measured facts about CPUs like the development machine shape the defaults:
-* glibc returns freed multi-MB activation buffers to the OS every step and page-faults
-  them back next step (25-45% of a small net's step). ``tune_malloc`` stops that.
-* bf16 autocast runs on AMX / AVX-512-BF16 units several times faster than fp32.
-* Denormal floats (below ~1e-38) take a slow path through the FPU. Adam's second-moment
-  estimates of rarely active weights decay into that range after a few epochs, and the
-  tutorial CNN's steps then ran 25% slower. ``flush_denormals`` turns on flush-to-zero, as
-  TensorFlow does by default.
+Three facts about CPUs shape the defaults (measured in BENCHMARKS.md):
+* glibc returns freed multi-MB activation buffers to the OS every step and page-faults them
+  back the next step. ``tune_malloc`` stops that.
+* bf16 autocast runs on AMX / AVX-512-BF16 units several times faster than fp32
+  (``cpu_has_fast_bf16``).
+* Denormal floats (below ~1e-38) take a slow path through the FPU; Adam's second-moment
+  estimates of rarely active weights decay into that range. ``flush_denormals`` turns on
+  flush-to-zero, as TensorFlow does by default.
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from functools import lru_cache
 
 import torch
 
+from mnistflow.core import choices
 from mnistflow.core.errors import MnistflowError
 from mnistflow.core.log import warn
 
@@ -121,7 +123,6 @@ def _on_each_openmp_thread(fn) -> bool:
         return False
 
 
-MAX_THREADS = 1024  # more is a typo, not a machine (training.config.MAX_THREADS: the same)
 MAX_PROCESSES = 1 << 20  # torchrun's WORLD_SIZE / LOCAL_WORLD_SIZE, at most
 LAUNCH_VARS = ("WORLD_SIZE", "RANK", "LOCAL_WORLD_SIZE", "LOCAL_RANK")  # torchrun's
 
@@ -161,7 +162,7 @@ def _env_int(name: str, low: int, high: int) -> int | None:
 
 def env_threads() -> int | None:
     """``$MNISTFLOW_THREADS``: the intra-op threads the user chose (``None``: not chosen)."""
-    return _env_int(THREADS_ENV, 1, MAX_THREADS)
+    return _env_int(THREADS_ENV, 1, choices.MAX_THREADS)
 
 
 def launch_env() -> tuple[int, int, int, int]:

@@ -72,13 +72,17 @@ def pick_device(name: str = "auto") -> torch.device:
     return dev
 
 
-PRECISIONS = ("auto", "fp32", "bf16", "fp16")
+def machine_kind(device: str = "auto") -> str:
+    """What the measured figures of a recipe are for (``training/measured.json``): "gpu" when
+    ``device`` is or picks a CUDA GPU, else "cpu-bf16" for a CPU fast at bf16, else "cpu"."""
+    if device.startswith("cuda") or (device == "auto" and torch.cuda.is_available()):
+        return "gpu"
+    return "cpu-bf16" if cpu_has_fast_bf16() else "cpu"
 
 
 def pick_precision(name: str, device: torch.device) -> str:
-    """Resolve ``auto``: bf16 where the hardware runs it fast, else fp32."""
-    if name not in PRECISIONS:
-        raise MnistflowError(f"--precision {str(name)[:40]!r}: expected one of {', '.join(PRECISIONS)}")
+    """Resolve ``auto`` (one of ``core.choices.PRECISIONS``): bf16 where the hardware runs it
+    fast, else fp32."""
     if name != "auto":
         if name == "fp16" and device.type == "cpu":
             raise MnistflowError("--precision fp16 needs a GPU; on a CPU use bf16 or fp32")

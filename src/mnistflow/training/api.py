@@ -52,8 +52,6 @@ def train(model: str | nn.Module | Callable[..., nn.Module] | None = None,
     ``mnistflow.training.callbacks``. ``loss(logits, targets)``: replaces cross-entropy.
     ``config``: a TOML file (``RUN/config.toml``); ``settings`` override it.
     """
-    if config is None and isinstance(model, (str, os.PathLike)) and str(model).endswith(".toml"):
-        config, model = model, None  # train("RUN/config.toml"): the signature before models came first
     if data is not None:
         settings["data"] = str(getattr(data, "path", data))  # a Records object: its directory
     cbs = check_callbacks(callbacks)
@@ -63,16 +61,18 @@ def train(model: str | nn.Module | Callable[..., nn.Module] | None = None,
     if named and model_kwargs:
         raise MnistflowError("model_kwargs are the arguments of a model class or factory; "
                              f"'{model}' is a registered name or spec")
-    from mnistflow.training.loop import fit, resolve_config
     from mnistflow.models.registry import check_trainable
+    from mnistflow.training.configure import configure
+    from mnistflow.training.loop import fit
 
     if named:
         if model is not None:
             settings["model"] = str(model)
-        return fit(resolve_config(config, **settings), callbacks=cbs, loss_fn=loss)
-    # Resolved (and validated) with a registered stand-in: a user's model is named by its import
-    # path, which the registry does not know (a resumed run's checkpoint holds that name too).
-    cfg = resolve_config(config, **settings, model=STAND_IN)
+        cfg, resume = configure(config, **settings)
+        return fit(cfg, callbacks=cbs, loss_fn=loss, resume=resume)
+    # Resolved with a registered stand-in: a user's model is named by its import path, which the
+    # registry does not know (a resumed run's checkpoint holds that name too).
+    cfg, resume = configure(config, **settings, model=STAND_IN)
     module, record = build_user_model(model, model_kwargs, cfg)
     check_trainable(module, type(module).__name__)  # before the run directory is made
     why = cannot_rebuild(record, module)
@@ -84,7 +84,7 @@ def train(model: str | nn.Module | Callable[..., nn.Module] | None = None,
             "the instance as init_kwargs / return them from get_config())"))
     cfg = dataclasses.replace(cfg, model=record["factory"])
     return fit(cfg, model=module, model_factory={"factory": record["factory"], "kwargs": record["kwargs"]},
-               callbacks=cbs, loss_fn=loss)
+               callbacks=cbs, loss_fn=loss, resume=resume)
 
 
 class _WarnAtStart:
@@ -157,11 +157,10 @@ def build_user_model(model: nn.Module | Callable[..., nn.Module], model_kwargs: 
 
 def data_shape(cfg: TrainConfig) -> tuple[list[int], int]:
     """((C, H, W), number of classes) of the records ``cfg`` trains on (prepared once)."""
-    from mnistflow.data.prepare import open_data
+    from mnistflow.data.open import open_data
 
     rec = open_data(cfg.data, dataset=cfg.dataset, verify=False)  # fit verifies the checksums
-    h, w, c = rec.shape
-    return [c, h, w], rec.num_classes
+    return list(rec.in_shape), rec.num_classes
 
 
 def _record(factory: Any, kwargs: dict) -> dict:

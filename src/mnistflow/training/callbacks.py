@@ -13,8 +13,8 @@
                                        mnistflow.CSVLogger("runs/log.csv")])
 
 A callback is any object with some of the hook methods of ``mnistflow.training.hooks`` (the
-protocol, documented there): on_train_start(logs), on_step_end(step, logs) (logged steps only),
-on_validation_end(step, logs), on_epoch_end(epoch, logs), on_train_end(summary). What a method
+protocol, documented there): on_train_start, on_step_end (logged steps only), on_validation_end,
+on_epoch_end, on_train_end, each taking any of the keywords step, epoch and logs. What a method
 returns, ``{name: number}``, is logged at that step; raising ``StopTraining("reason")`` ends the
 run there (final test, model saved, ``summary["stop_reason"]`` = the reason).
 """
@@ -31,7 +31,7 @@ from typing import Iterable, Sequence
 from mnistflow.core.errors import MnistflowError, os_error
 from mnistflow.core.fsutil import atomic_write_text, open_regular
 from mnistflow.core.log import note, warn
-from mnistflow.training.hooks import HOOKS, StopTraining
+from mnistflow.training.hooks import HOOKS, StopTraining, accepted
 
 # Other frameworks' names, so a ported callback gets a hint instead of silence.
 _ALIASES = {"on_batch_end": "on_step_end", "on_train_batch_end": "on_step_end",
@@ -63,6 +63,9 @@ def check_callbacks(callbacks: Iterable | None) -> list:
         if not any(callable(getattr(cb, h, None)) for h in HOOKS):
             raise MnistflowError(f"callback {name} has none of the hook methods "
                                  f"({', '.join(HOOKS)})")
+        for h in HOOKS:  # each method's parameters: a name no event passes is an error now
+            if callable(fn := getattr(cb, h, None)):
+                accepted(cb, fn)
     return out
 
 

@@ -17,6 +17,7 @@ from typing import Callable
 
 from mnistflow.artifacts.checkpoint import CheckpointDir
 from mnistflow.core.errors import display
+from mnistflow.runtime import dist
 
 
 @dataclass
@@ -53,6 +54,35 @@ class SignalHandlers:
     def __exit__(self, *exc):
         for sig, h in self.old.items():
             signal.signal(sig, h)
+
+
+class Signals:
+    """SIGINT/SIGTERM during training, as the loop reads them: :meth:`signalled` is the signal
+    every rank agrees on (under torchrun, a signal to any rank stops all of them at the same
+    step). ``catch=False`` (checkpoints off: nothing to save) leaves the default handlers."""
+
+    def __init__(self, info: dist.DistInfo, catch: bool, quiet: bool = False):
+        self.local = Interrupt()  # set by this process's handlers
+        self.agreed = 0  # the signal the run stops for, once one arrived
+        self.distributed = catch and info.enabled
+        self.handlers = SignalHandlers(self.local, quiet=quiet) if catch else None
+
+    def __enter__(self) -> "Signals":
+        if self.handlers is not None:
+            self.handlers.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.handlers is not None:
+            self.handlers.__exit__(*exc)
+
+    def signalled(self) -> int:
+        """The signal to stop for (0: none); a collective call under torchrun, so every rank
+        calls it at the same points."""
+        signum = dist.max_over_ranks(self.local.signum) if self.distributed else self.local.signum
+        if signum and not self.agreed:
+            self.agreed = signum
+        return self.agreed
 
 
 class TrainingInterrupted(KeyboardInterrupt):

@@ -1,15 +1,17 @@
-"""Training configuration: one dataclass; defaults < recipe < TOML file < flags.
+"""Training configuration: one frozen dataclass, and the pure merge of its layers.
 
-Each field carries its own ``--help`` text, help section and the values it accepts
-(``dataclasses.field`` metadata, see :func:`setting`): ``mnistflow train --help`` is generated
-from them and :func:`validate` checks every value against them, so a new setting is documented
-and checked where it is declared. Unknown keys (in a TOML file or a recipe) are errors. The
-resolved configuration is saved in the run directory as ``config.toml`` and ``mnistflow
-train --config`` on it reproduces it; once resolved, a ``TrainConfig`` is not changed (derive
-a new one with ``dataclasses.replace``).
+Each field is declared once with :func:`setting`: its type, ``--help`` text and help section,
+the values it accepts (a :class:`Rule`) and how its flag is parsed. ``mnistflow train --help``,
+the TOML reader and the checks all come from that declaration. A ``TrainConfig`` is checked when
+it is built (``__post_init__``), so every one in existence is valid; derive another with
+``dataclasses.replace``. :func:`resolve` merges defaults < base < recipe < file < flags, and
+``config.toml`` in a run directory reproduces the run (``mnistflow train --config``).
+
+No torch here: the CLI's ``--help`` and the resolution are testable and fast without it.
 """
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import math
 from collections.abc import Callable
@@ -18,9 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from mnistflow.artifacts import rundir
-from mnistflow.core import compat
-from mnistflow.core.env import env_seconds
+from mnistflow.core import choices, compat
 from mnistflow.core.errors import MnistflowError
+from mnistflow.data import known
 
 #: The sections of ``mnistflow train --help``, in order: name -> what they hold.
 GROUPS: dict[str, str] = {
@@ -33,54 +35,46 @@ GROUPS: dict[str, str] = {
     "checkpoints": "saving and resuming",
 }
 
-TRAIN_ON = ("train", "train+val")
-TTA_VIEWS = (0, 2, 4, 8)  # models.evaluate.TTA_VIEWS (that module imports torch: not here; a test checks)
 # Every seed derived from --seed (data order, augmentation: seed * 1_000_003 + epoch, ...) must
 # stay inside the 64 bits torch.Generator takes: 32-bit seeds leave room, as numpy's legacy range.
 MAX_SEED = 2**32 - 1
-MAX_THREADS = 1024  # the same as runtime.cpu.MAX_THREADS (that module imports torch: not here)
-MAX_INT = 2**63 - 1  # an integer setting reaches tensors and numpy: int64
-# A number setting reaches float32 tensors (a rate or a factor: torch refuses to apply 1e39 to
-# float32 weights): torch.finfo(torch.float32).max (torch is not imported here; a test checks).
-MAX_FLOAT32 = 3.4028234663852886e38
-# Epochs times batches per epoch must count in 64 bits: a million epochs leaves room for 9e12
-# batches an epoch (no run needs more; --max-steps stops one sooner).
-MAX_EPOCHS = 1_000_000
+MAX_INT = 2**63 - 1  # config.toml's integers (TOML's are 64-bit)
+MAX_RATE = 1000  # a learning rate or decay above this is a typo, not a setting
+MAX_EPOCHS = 1_000_000  # epochs x batches must count in 64 bits; --max-steps stops one sooner
 MAX_TOML_BYTES = 1 << 20  # a configuration file is a few hundred bytes; refuse what is not one
-DATA_DELAY_ENV = "MNISTFLOW_INJECT_DATA_DELAY"  # tests: seconds the training reader sleeps per batch
-# --augment: the policies of data.augment (that module imports torch: not here; a test keeps
-# the two lists equal). Before policies it was a switch: true is auto, false is off.
-AUGMENT_CHOICES = ("auto", "off", "glyphs", "clothing", "photos", "shifts")
-AUGMENT_SWITCH = {True: "auto", False: "off"}
 
 
 @dataclass(frozen=True)
 class Rule:
-    """The values a setting accepts beyond its type: ``choices`` (of a text setting, or the only
-    numbers an integer setting takes) and bounds, exclusive (``above``, ``below``) or inclusive
-    (``at_least``, ``at_most``). Numbers must also be finite, integers fit in 64 bits, other
-    numbers in a float32, text hold no NUL character."""
+    """The values a setting accepts: its ``kind`` (bool, int, float, str), ``choices`` (the only
+    values of that kind, or words accepted beside numbers, as ``auto`` for --batch-size) and
+    bounds, exclusive (``above``, ``below``) or inclusive (``at_least``, ``at_most``). Numbers
+    are finite; text holds no NUL and is valid UTF-8 (config.toml must hold it)."""
 
+    kind: type = str
     choices: tuple = ()
     above: float | None = None
     at_least: float | None = None
     below: float | None = None
     at_most: float | None = None
 
-    def describe(self, kind: str) -> str:
+    def describe(self) -> str:
         """What a valid value is, in the words of an error message: 'positive', 'in [0, 1)',
         'one of val, test', 'a positive integer or auto'."""
-        if kind == "bool":
+        if self.kind is bool:
             return "true or false"
-        if kind == "str" or (kind == "int" and self.choices):
-            return "one of " + ", ".join(map(str, self.choices)) if self.choices else "text"
-        number = self._bounds(integer=kind in ("int", "int | str"))
-        words = [c for c in self.choices if isinstance(c, str)]  # batch_size: auto
-        return " or ".join([number, *words])
+        same = [c for c in self.choices if type(c) is self.kind]
+        if same:
+            return "one of " + ", ".join(map(str, same))
+        if self.kind is str:
+            return "text"
+        words = [c for c in self.choices if isinstance(c, str)]
+        return " or ".join([self._bounds(), *words])
 
-    def _bounds(self, integer: bool) -> str:
+    def _bounds(self) -> str:
         lo, lo_open = (self.above, True) if self.above is not None else (self.at_least, False)
         hi, hi_open = (self.below, True) if self.below is not None else (self.at_most, False)
+        integer = self.kind is int
         noun = "an integer" if integer else "a number"
         if lo is not None and hi is not None:
             where = f"in {'(' if lo_open else '['}{lo}, {hi}{')' if hi_open else ']'}"
@@ -89,43 +83,38 @@ class Rule:
             if (lo_open and lo == 0) or (integer and not lo_open and lo == 1):
                 return "a positive integer" if integer else "positive"
             return f"{noun} {'>' if lo_open else '>='} {lo}"
-        if hi is not None:
-            return f"{noun} {'<' if hi_open else '<='} {hi}"
         return noun
 
-    def problem(self, kind: str, value: Any) -> str | None:
-        """Why ``value`` is not valid for a setting of type ``kind`` (its annotation without
-        ``| None``); ``None`` if it is valid."""
-        is_int = isinstance(value, int) and not isinstance(value, bool)
-        if kind == "bool":
+    def problem(self, value: Any) -> str | None:
+        """Why ``value`` is not valid (``None``: it is)."""
+        if any(type(value) is type(c) and value == c for c in self.choices):
+            return None  # one of the choices (True is no 1: the types must match)
+        if self.kind is bool:
             return None if isinstance(value, bool) else "true or false"
-        if kind == "str" or (kind == "int | str" and isinstance(value, str)):
+        if self.kind is str:
             if not isinstance(value, str):
                 return "text"
             if "\0" in value:
                 return "text without NUL characters"
             if not _utf8(value):  # undecodable bytes of a path (surrogate escapes)
                 return "valid UTF-8 text (config.toml and the model file cannot record other bytes)"
-            allowed = [c for c in self.choices if isinstance(c, str)]
-            return None if not allowed or value in allowed else self.describe(kind)
-        if kind in ("int", "int | str") and not is_int:
-            return self.describe(kind) if kind == "int | str" else "an integer"
-        if kind == "float":
-            if not (is_int or isinstance(value, float)):
-                return "a number"
-            if not math.isfinite(value):  # nan passes every comparison below
-                return "a finite number"
-        if kind == "int" and self.choices:
-            return None if value in self.choices else self.describe(kind)
+            return self.describe() if self.choices else None
+        is_int = isinstance(value, int) and not isinstance(value, bool)
+        if self.kind is int and not is_int:  # (a word beside the numbers: say both)
+            return self.describe() if any(isinstance(c, str) for c in self.choices) else "an integer"
+        if self.kind is float and not (is_int or isinstance(value, float)):
+            return "a number"
+        if not math.isfinite(value):  # nan passes every comparison below
+            return "a finite number"
+        if any(type(c) is self.kind for c in self.choices):  # numbers to choose from: not one of them
+            return self.describe()
         if ((self.above is not None and not value > self.above)
                 or (self.at_least is not None and not value >= self.at_least)
                 or (self.below is not None and not value < self.below)
                 or (self.at_most is not None and not value <= self.at_most)):
-            return self.describe(kind)
+            return self.describe()
         if is_int and not -MAX_INT - 1 <= value <= MAX_INT:
             return f"at most {MAX_INT} (a 64-bit integer)"
-        if kind == "float" and abs(value) > MAX_FLOAT32:
-            return f"at most {MAX_FLOAT32:.6g} (the largest float32)"
         return None
 
 
@@ -139,66 +128,86 @@ def _utf8(text: str) -> bool:
     return True
 
 
-def setting(default: Any, group: str, help: str, *, choices: tuple = (), above: float | None = None,
-            at_least: float | None = None, below: float | None = None, at_most: float | None = None) -> Any:
-    """A ``TrainConfig`` field with its ``--help`` text, its section (one of ``GROUPS``) and the
-    values it accepts (a :class:`Rule`: :func:`validate` checks them, for flags, TOML files,
-    recipes and the Python API alike)."""
+def _batch_size(text: str) -> int | str:
+    """--batch-size: a number or ``auto``."""
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number or auto, got '{text}'") from None
+
+
+def setting(default: Any, group: str, help: str, *, kind: type | None = None, choices: tuple = (),
+            above: float | None = None, at_least: float | None = None, below: float | None = None,
+            at_most: float | None = None, optional: bool | None = None,
+            parse: Callable[[str], Any] | None = None, flag: dict | None = None) -> Any:
+    """A ``TrainConfig`` field: its ``--help`` text and section (one of ``GROUPS``), the values it
+    accepts (a :class:`Rule`; ``kind`` defaults to the default's type; ``optional``: None, 'not
+    set', is a value, as it is where the default is None) and its flag: ``parse``
+    turns the flag's text into a value (default: ``kind``), ``flag`` holds argparse options
+    beyond it (``nargs``, ``const``, ``metavar``; ``"off"``: a ``--no-<flag>`` that stores it)."""
     if group not in GROUPS:
         raise ValueError(f"unknown help group '{group}' (known: {', '.join(GROUPS)})")
-    rule = Rule(tuple(choices), above, at_least, below, at_most)
-    return dataclasses.field(default=default, metadata={"group": group, "help": help, "rule": rule})
+    kind = kind or type(default)
+    rule = Rule(kind, tuple(choices), above, at_least, below, at_most)
+    return dataclasses.field(default=default, metadata={
+        "group": group, "help": help, "rule": rule, "parse": parse or kind, "flag": dict(flag or {}),
+        "optional": default is None if optional is None else optional})
 
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """Every setting of a training run (the flags of ``mnistflow train``). Frozen: what was
-    resolved is what runs and what config.toml records (``dataclasses.replace`` derives another)."""
+    """Every setting of a training run (the flags of ``mnistflow train``). Checked when built,
+    frozen after: what was resolved is what runs and what config.toml records."""
 
     recipe: str | None = setting(
-        None, "run", "a preset: softmax, seed-cnn, fast, fast-plus, mid, best (flags override its values)")
+        None, "run", "a preset: softmax, seed-cnn, fast, fast-plus, mid, best (flags override its values)",
+        kind=str)
     model: str = setting(
         "seed-cnn", "model", "a registered model (see 'mnistflow models') or a layer spec string")
     data: str | None = setting(
         None, "data", "records directory or raw data, prepared into the cache on first use "
-                      "(default: $MNISTFLOW_DATA, else mnist)")
-    dataset: str | None = setting(
-        None, "data", "a known dataset name: mnist, fashion-mnist, kmnist, cifar10")
+                      "(default: $MNISTFLOW_DATA, else mnist)", kind=str)
+    dataset: str | None = setting(None, "data", f"a known dataset: {known.HELP}", kind=str)
     run_dir: str | None = setting(
-        None, "run", "where to write the run (default: runs/<recipe or model>-<time>)")
+        None, "run", "where to write the run (default: runs/<recipe or model>-<time>)", kind=str)
     epochs: float = setting(1.0, "optimization", "epochs to train (fractions allowed)", above=0,
                             at_most=MAX_EPOCHS)
-    max_steps: int | None = setting(None, "optimization", "stop after this many steps", at_least=1)
+    max_steps: int | None = setting(None, "optimization", "stop after this many steps", kind=int,
+                                    at_least=1)
     target_acc: float | None = setting(
         None, "optimization", "stop once this accuracy (e.g. 0.99) is reached; reports the time to it",
-        above=0, at_most=1)
+        kind=float, above=0, at_most=1)
     target_split: str = setting("val", "optimization", "split the target is measured on: val or test",
                                 choices=("val", "test"))
     batch_size: int | str = setting(
         128, "optimization", "per process; under torchrun the global batch is this x processes; "
                              "auto: the fastest (CPU) or the largest that fits (GPU)",
-        choices=("auto",), at_least=1)
+        choices=("auto",), at_least=1, parse=_batch_size)
     optimizer: str = setting(
         "adam", "optimization", "sgd, momentum, adadelta, adagrad, adam, adamw, rmsprop, muon "
                                 "(orthogonalized updates for the hidden weight matrices, Nesterov "
-                                "SGD for the rest)")
+                                "SGD for the rest)", choices=choices.OPTIMIZERS)
     lr: float = setting(1e-3, "optimization", "learning rate (under --optimizer muon: of all but "
-                                              "the hidden weight matrices)", above=0)
+                                              "the hidden weight matrices)", above=0, at_most=MAX_RATE)
     momentum: float = setting(0.9, "optimization", "momentum of --optimizer momentum, and of the "
                                                    "SGD part of muon", at_least=0, below=1)
     nesterov: bool = setting(False, "optimization", "Nesterov momentum (--optimizer momentum, muon)")
     weight_decay: float = setting(0.0, "optimization", "weight decay (L2 penalty; decoupled for adamw)",
-                                  at_least=0)
+                                  at_least=0, at_most=MAX_RATE)
     muon_lr: float = setting(
         0.1, "optimization", "--optimizer muon: learning rate of the hidden weight matrices (--lr: the rest)",
-        above=0)
+        above=0, at_most=MAX_RATE)
     muon_momentum: float = setting(
         0.8, "optimization", "--optimizer muon: momentum of the hidden weight matrices", at_least=0, below=1)
-    schedule: str = setting("constant", "optimization", "constant, step, cosine, onecycle, linear")
+    schedule: str = setting("constant", "optimization", "constant, step, cosine, onecycle, linear",
+                            choices=choices.SCHEDULES)
     warmup: float = setting(
         0.0, "optimization", "linear warm-up: fraction of all steps (<1) or a number of steps", at_least=0)
     step_every: float = setting(1.0, "optimization", "--schedule step: epochs between decays", above=0)
-    step_gamma: float = setting(0.7, "optimization", "--schedule step: the factor of each decay", above=0)
+    step_gamma: float = setting(0.7, "optimization", "--schedule step: the factor of each decay",
+                                above=0, at_most=1)
     label_smoothing: float = setting(0.0, "optimization", "label smoothing of the cross-entropy, in [0, 1)",
                                      at_least=0, below=1)
     augment: str = setting(
@@ -207,14 +216,14 @@ class TrainConfig:
                        "and rotations, never flips: digits, letters), clothing (horizontal flips and "
                        "shifted crops), photos (padded crops, flips and cutout), shifts (small shifts "
                        "only); the run records the policy it used",
-        choices=AUGMENT_CHOICES)
+        choices=choices.AUGMENT, flag=dict(nargs="?", const="auto", metavar="POLICY", off="off"))
     train_on: str = setting(
         "train", "data", "train, or train+val: every labelled image (no validation passes then)",
-        choices=TRAIN_ON)
+        choices=("train", "train+val"))
     tta: int = setting(
         0, "logging", "test-time augmentation: also average the predictions for N images shifted "
                       "by one pixel (2: left/right, 4: + up/down, 8: + diagonals) in evaluations",
-        choices=TTA_VIEWS)
+        choices=choices.TTA_VIEWS)
     whiten: bool = setting(
         False, "model", "initialise the first convolution to whiten its input patches "
                         "(from 1,000 training images)")
@@ -224,7 +233,7 @@ class TrainConfig:
                         at_least=0, at_most=MAX_SEED)
     precision: str = setting(
         "auto", "precision/devices", "fp32, bf16, fp16 (CUDA) or auto (bf16 where the hardware is fast at it)",
-        choices=("auto", "fp32", "bf16", "fp16"))
+        choices=choices.PRECISIONS)
     channels_last: bool = setting(
         False, "precision/devices", "channels-last memory layout for the model and its batches")
     device: str = setting(
@@ -232,13 +241,13 @@ class TrainConfig:
     threads: int | None = setting(
         None, "precision/devices", "intra-op CPU threads (default: $MNISTFLOW_THREADS, else the usable "
                                    "cores other processes leave free, shared among the processes per machine)",
-        at_least=1, at_most=MAX_THREADS)
+        kind=int, at_least=1, at_most=choices.MAX_THREADS)
     interop_threads: int | None = setting(
         None, "precision/devices", "PyTorch's inter-op threads (default: PyTorch's, the number of cores)",
-        at_least=1, at_most=MAX_THREADS)
+        kind=int, at_least=1, at_most=choices.MAX_THREADS)
     gpu_memory_fraction: float | None = setting(
         None, "precision/devices", "cap this process's share of its GPU's memory, 0 < F <= 1 (CUDA only)",
-        above=0, at_most=1)
+        kind=float, above=0, at_most=1)
     sync_bn: bool = setting(
         False, "precision/devices", "under torchrun on GPUs: batch norm statistics over the global batch")
     compile: bool = setting(False, "precision/devices", "compile the model with torch.compile")
@@ -249,42 +258,43 @@ class TrainConfig:
         choices=("auto", "off"))
     log_every: int = setting(100, "logging", "steps between progress lines (and device syncs)", at_least=1)
     eval_every: int | None = setting(
-        None, "logging", "steps between validation passes (default: every epoch)", at_least=1)
-    # larger evaluation batches fall out of the CPU caches: 2.5x slower at 2000
+        None, "logging", "steps between validation passes (default: every epoch)", kind=int, at_least=1)
+    # larger evaluation batches fall out of the CPU caches (BENCHMARKS.md)
     eval_batch_size: int = setting(500, "logging", "batch size of the evaluation passes", at_least=1)
     validate: bool = setting(
         True, "logging", "evaluate the validation split at each epoch end (or every --eval-every steps)")
     profile_steps: str | None = setting(
-        None, "logging", "A:B profiles optimizer steps A..B: Chrome trace, op tables, step breakdown")
+        None, "logging", "A:B profiles optimizer steps A..B: Chrome trace, op tables, step breakdown",
+        kind=str)
     resident: str = setting(
         "auto", "data", "keep the data on the device: auto (when it fits), yes, or no (stream it from disk)",
         choices=("auto", "yes", "no"))
     memory_cap_mb: float | None = setting(
         None, "precision/devices", "refuse settings estimated to need more memory than this "
-                                   "(default: what is free)", above=0)
+                                   "(default: what is free)", kind=float, above=0)
     checkpoint_every: int | None = setting(
         None, "checkpoints", f"steps between checkpoints (RUN/{rundir.CHECKPOINTS}; also at the end "
-                             "and on a new best)", at_least=1)
-    checkpoint_secs: float | None = setting(600.0, "checkpoints", "seconds between checkpoints", above=0)
+                             "and on a new best)", kind=int, at_least=1)
+    checkpoint_secs: float | None = setting(600.0, "checkpoints", "seconds between checkpoints", above=0,
+                                            optional=True)
     keep_checkpoints: int = setting(
         3, "checkpoints", "checkpoints to keep (plus the best); 0 turns checkpoints off", at_least=0)
     # an action, not a setting: never saved in config.toml
     resume: str | None = setting(
         None, "checkpoints", "continue from the latest checkpoint of --run-dir, or from PATH "
-                             "(a checkpoint or run directory)")
+                             "(a checkpoint or run directory)",
+        kind=str, flag=dict(nargs="?", const="latest", metavar="PATH"))
     init_from: str | None = setting(
-        None, "model", "start from the arrays of an npz (mnistflow export --format npz), by name")
+        None, "model", "start from the arrays of an npz (mnistflow export --format npz), by name", kind=str)
     init_only: str | None = setting(
-        None, "model", "glob(s), comma separated, of the names --init-from restores (e.g. 'conv*')")
+        None, "model", "glob(s), comma separated, of the names --init-from restores (e.g. 'conv*')", kind=str)
     tensorboard: bool = setting(True, "logging", f"write TensorBoard event files (RUN/{rundir.TENSORBOARD})")
     json: bool = setting(False, "logging", "print a JSON summary of the run as the last line")
     quiet: bool = setting(
         False, "logging", "no progress lines or warnings on the console (warnings stay in summary.json)")
 
     def __post_init__(self) -> None:
-        # augment=True/False, as it was before policies (the Python API, old configurations)
-        if isinstance(self.augment, bool):
-            object.__setattr__(self, "augment", AUGMENT_SWITCH[self.augment])
+        check_config(self)
 
 
 def flag(name: str) -> str:
@@ -292,7 +302,7 @@ def flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-_FIELDS: dict[str, dataclasses.Field] = {f.name: f for f in fields(TrainConfig)}
+FIELDS: dict[str, dataclasses.Field] = {f.name: f for f in fields(TrainConfig)}
 
 
 def _show(value: Any) -> str:
@@ -301,25 +311,70 @@ def _show(value: Any) -> str:
 
 
 def check_value(name: str, value: Any, label: str | None = None) -> None:
-    """Check one value of setting ``name`` against its type and its :class:`Rule`; an error
-    names it as ``label`` (default: its flag, ``--name``)."""
-    f = _FIELDS[name]
-    kind = f.type.removesuffix(" | None")
-    if value is None and f.type.endswith(" | None"):
+    """Check one value of setting ``name`` against its :class:`Rule`; an error names it as
+    ``label`` (default: its flag, ``--name``). ``None`` is 'not set', allowed where the default is."""
+    f = FIELDS[name]
+    if value is None and f.metadata["optional"]:
         return
-    problem = f.metadata["rule"].problem(kind, value)
+    problem = f.metadata["rule"].problem(value)
     if problem:
         raise MnistflowError(f"{label or flag(name)} must be {problem}, got {_show(value)}")
 
 
-def field_names() -> set[str]:
-    return set(_FIELDS)
+def check_config(cfg: TrainConfig) -> None:
+    """Every field against its own rule, then the rules that involve several fields. What needs
+    the machine (the model registry, the device, files, the environment) is checked by
+    ``training.setup.check_run_inputs``."""
+    for f in fields(cfg):
+        check_value(f.name, getattr(cfg, f.name))
+    if cfg.target_acc is not None and cfg.target_split == "val":
+        # the target is only compared after a validation pass (records without a val split:
+        # check_target_split, once they are open)
+        if cfg.train_on == "train+val":
+            raise MnistflowError("--target-acc is measured on the validation split, which --train-on "
+                                 "train+val trains on: add --target-split test")
+        if not cfg.validate and not cfg.eval_every:
+            raise MnistflowError("--target-acc is measured on the validation split, which a run with "
+                                 "validation off (--no-validate) never evaluates: add --target-split test "
+                                 "(or --validate)")
+    if cfg.nesterov and cfg.optimizer == "momentum" and cfg.momentum == 0:
+        raise MnistflowError("--nesterov needs a --momentum above 0")
+    if cfg.init_only is not None and not cfg.init_from:
+        raise MnistflowError("--init-only selects what --init-from loads: give --init-from NPZ too")
+
+
+def check_target_split(cfg: TrainConfig, holds: Callable[[str], bool], where: str | Path) -> None:
+    """``--target-acc`` is compared on ``cfg.target_split``: records that do not hold that split
+    (``holds``: ``Records.has``; prep --val-size 0 makes none for val) could never stop the run."""
+    if cfg.target_acc is None or holds(cfg.target_split):
+        return
+    other = "test" if cfg.target_split == "val" else "val"
+    raise MnistflowError(f"--target-acc is measured on the {cfg.target_split} split, which these records "
+                         "do not hold" + (f": add --target-split {other}" if holds(other) else ""), where)
 
 
 def _check_keys(d: dict, where: str) -> None:
-    unknown = sorted(set(d) - field_names())
+    unknown = sorted(set(d) - set(FIELDS))
     if unknown:
         raise MnistflowError(f"unknown configuration key(s): {', '.join(unknown)}", where)
+
+
+def merge(recipe: dict | None = None, file: dict | None = None, flags: dict | None = None, *,
+          base: dict | None = None) -> dict:
+    """The settings given, layer over layer (later wins; a ``None`` value means 'not given'):
+    ``base`` (a resumed run's own) < ``recipe`` < ``file`` < ``flags``. Unknown keys are errors."""
+    merged: dict = {}
+    for layer, where in ((base, "resumed run"), (recipe, "recipe"), (file, "config file"), (flags, "flags")):
+        if layer:
+            _check_keys(layer, where)
+            merged.update({k: v for k, v in layer.items() if v is not None})
+    return merged
+
+
+def resolve(recipe: dict | None = None, file: dict | None = None, flags: dict | None = None, *,
+            base: dict | None = None) -> TrainConfig:
+    """The configuration of these layers (:func:`merge`), checked."""
+    return TrainConfig(**merge(recipe, file, flags, base=base))
 
 
 def load_toml(path: str | Path) -> dict:
@@ -344,106 +399,12 @@ def load_toml(path: str | Path) -> dict:
         raise MnistflowError(f"not valid TOML ({str(e).splitlines()[0]})", p) from None
     d.pop("version", None)  # written by save_toml for the reader's benefit
     _check_keys(d, str(p))
-    if isinstance(d.get("augment"), bool):  # a configuration from before augmentation policies
-        d["augment"] = AUGMENT_SWITCH[d["augment"]]
     for key, value in d.items():
         try:
             check_value(key, value, label=key)
         except MnistflowError as e:
             raise MnistflowError(e.detail, p) from None
     return d
-
-
-def resolve(recipe: dict | None = None, file: dict | None = None, flags: dict | None = None) -> TrainConfig:
-    """Merge the layers (later wins; ``None`` flag values mean 'not given')."""
-    merged: dict = {}
-    for layer, where in ((recipe, "recipe"), (file, "config file"), (flags, "flags")):
-        if layer:
-            _check_keys(layer, where)
-            merged.update({k: v for k, v in layer.items() if v is not None})
-    cfg = TrainConfig(**merged)
-    validate(cfg)
-    return cfg
-
-
-def validate(cfg: TrainConfig, *, check_model: bool = True) -> None:
-    """Impossible settings fail before any work starts: every field against its own rule (type,
-    finite, range, choices; see :func:`setting`), then what involves several fields, the model
-    registry, the optimizers and the environment variables that stand in for settings.
-    ``check_model=False``: the model is a user's module given to ``fit``, not a registered name."""
-    for f in fields(cfg):
-        check_value(f.name, getattr(cfg, f.name))
-    if cfg.target_acc is not None and cfg.target_split == "val":
-        # the target is only compared after a validation pass (records without a val split:
-        # check_target_split, once they are open)
-        if cfg.train_on == "train+val":
-            raise MnistflowError("--target-acc is measured on the validation split, which --train-on "
-                                 "train+val trains on: add --target-split test")
-        if not cfg.validate and not cfg.eval_every:
-            raise MnistflowError("--target-acc is measured on the validation split, which a run with "
-                                 "validation off (--no-validate) never evaluates: add --target-split test "
-                                 "(or --validate)")
-    if cfg.nesterov and cfg.optimizer == "momentum" and cfg.momentum == 0:
-        raise MnistflowError("--nesterov needs a --momentum above 0")
-    if cfg.init_only is not None and not cfg.init_from:
-        raise MnistflowError("--init-only selects what --init-from loads: give --init-from NPZ too")
-    if cfg.profile_steps is not None:
-        from mnistflow.training.observe.profiler import parse_steps
-
-        parse_steps(cfg.profile_steps)
-    from mnistflow.kernels import check_environment as check_kernels_environment
-    from mnistflow.models import get_entry
-    from mnistflow.models.spec import check_spec, looks_like_spec
-    from mnistflow.runtime.cpu import check_environment
-    from mnistflow.runtime.device import parse_device
-    from mnistflow.training.optim import OPTIMIZERS, SCHEDULES
-
-    if check_model:
-        if looks_like_spec(cfg.model):
-            check_spec(cfg.model)  # a zero or absurd kernel, stride or width: one line
-        else:
-            get_entry(cfg.model)  # unknown name: an error listing the known ones
-    parse_device(cfg.device)  # a PyTorch device mnistflow does not support (meta, xla...)
-    if cfg.init_from and not cfg.resume:  # (a resume does not read it: the checkpoint is the start)
-        _check_init_from(cfg.init_from)
-
-    if cfg.optimizer not in OPTIMIZERS:
-        raise MnistflowError(f"unknown optimizer '{cfg.optimizer}' (known: {', '.join(OPTIMIZERS)})")
-    if cfg.schedule not in SCHEDULES:
-        raise MnistflowError(f"unknown schedule '{cfg.schedule}' (known: {', '.join(SCHEDULES)})")
-    check_environment()  # $MNISTFLOW_THREADS and the like: the defaults of settings
-    check_kernels_environment()  # $MNISTFLOW_KERNELS, $MNISTFLOW_AMX
-    data_delay()
-
-
-def check_target_split(cfg: TrainConfig, holds: Callable[[str], bool], where: str | Path) -> None:
-    """``--target-acc`` is compared on ``cfg.target_split``: records that do not hold that split
-    (``holds``: ``Records.has``; prep --val-size 0 makes none for val) could never stop the run."""
-    if cfg.target_acc is None or holds(cfg.target_split):
-        return
-    other = "test" if cfg.target_split == "val" else "val"
-    raise MnistflowError(f"--target-acc is measured on the {cfg.target_split} split, which these records "
-                         "do not hold" + (f": add --target-split {other}" if holds(other) else ""), where)
-
-
-def _check_init_from(path: str) -> None:
-    """``--init-from``: an existing npz file (checked before the run directory is made)."""
-    p = Path(path)
-    if not p.exists():
-        raise MnistflowError("--init-from: does not exist", p)
-    if not p.is_file():
-        raise MnistflowError("--init-from: is a directory, not a file" if p.is_dir() else
-                             "--init-from: not a regular file", p)
-    if p.suffix.lower() != ".npz":
-        raise MnistflowError("--init-from takes an npz of name -> array "
-                             "(make one with: mnistflow export RUN --format npz)", p)
-
-
-def data_delay() -> float:
-    """``$MNISTFLOW_INJECT_DATA_DELAY``: seconds the training reader sleeps per batch, a test hook
-    that makes a run slow enough to interrupt (0 when unset); anything but a finite number >= 0
-    is an error."""
-    return env_seconds(DATA_DELAY_ENV, say_unset=True)
 
 
 def to_dict(cfg: TrainConfig) -> dict:
@@ -459,9 +420,7 @@ def toml_value(v: Any) -> str:
     if isinstance(v, int):
         return str(v)
     if isinstance(v, float):
-        if not math.isfinite(v):
-            return "nan" if math.isnan(v) else ("inf" if v > 0 else "-inf")
-        return repr(v)  # '0.001', '1e-05', '1e+38': TOML floats
+        return repr(v)  # '0.001', '1e-05', '1e+38': TOML floats (a config's are finite)
     if isinstance(v, str):
         return '"' + "".join(_TOML_ESCAPES.get(c) or (f"\\u{ord(c):04X}" if ord(c) < 0x20 or c == "\x7f" else c)
                              for c in v) + '"'

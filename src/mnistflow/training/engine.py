@@ -25,6 +25,7 @@ from mnistflow.core.errors import MnistflowError
 from mnistflow.core.log import warn
 from mnistflow.models.ensemble import combined, member_loss
 from mnistflow.runtime import dist
+from mnistflow.runtime.compat import profiler_enabled
 from mnistflow.runtime.device import Amp
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -42,10 +43,21 @@ class TrainState:
     stop_reason: str = ""  # set when the run ends early: target, interrupted, a hook's reason
     metrics: dict = field(default_factory=dict)  # latest val/test results
 
+    def advance(self, samples: int) -> None:
+        """One optimizer step done, on ``samples`` images (all processes together)."""
+        self.step += 1
+        self.step_in_epoch += 1
+        self.samples += samples
+
+    def stop(self, reason: str | None) -> None:
+        """End the run at the next point the loop checks, for ``reason``: the first one wins."""
+        if reason and not self.stop_reason:
+            self.stop_reason = reason
+
 
 def profiled(name: str) -> contextlib.AbstractContextManager[torch.profiler.record_function | None]:
     """A named profiler range (``mnistflow/<phase>``) while a profiler records; else free."""
-    if torch.autograd.profiler._is_profiler_enabled:
+    if profiler_enabled():
         return torch.profiler.record_function("mnistflow/" + name)
     return contextlib.nullcontext()
 

@@ -1,17 +1,23 @@
 """The hook protocol: what the training loop tells its observers and a user's callbacks.
 
-A hook is any object; every method is optional (looked up by name, no base class):
+A hook is any object; every method is optional (looked up by name, no base class). Each event
+comes with the same three keywords, and a method takes those it names (keyword arguments are
+filtered by signature, as Lightning Fabric's ``call`` does):
 
-    on_train_start(logs)           logs: total_steps, start_step, steps_per_epoch, run_dir, config (a dict)
-    on_step_end(step, logs)        logs: the logged scalars of that step (loss, acc, lr, img_per_s,
-                                   data_wait_frac, queue_depth, epoch, ...). Called on LOGGED steps
-                                   only (every ``log_every``, and the last step of an epoch or run):
-                                   the numbers are read from the device once per log interval, so
-                                   a hook costs no device sync per step
-    on_validation_end(step, logs)  logs: split ("val", or "test" for a test pass), acc, loss, n,
-                                   eval_s, and the same as <split>_acc / <split>_loss
-    on_epoch_end(epoch, logs)      logs: epoch (the one that ended), step
-    on_train_end(logs)             logs: the run's summary
+    step    the optimizer steps done so far
+    epoch   the epoch (0-based; for on_epoch_end, the one that ended)
+    logs    a dict, by event:
+        on_train_start      total_steps, start_step, steps_per_epoch, run_dir, config (a dict)
+        on_step_end         the logged scalars of that step (loss, acc, lr, img_per_s,
+                            data_wait_frac, queue_depth, epoch, ...). Called on LOGGED steps only
+                            (every ``log_every``, and the last step of an epoch or run): the
+                            numbers are read from the device once per log interval
+        on_validation_end   split ("val", or "test" for a test pass), acc, loss, n, eval_s, and
+                            the same as <split>_acc / <split>_loss
+        on_epoch_end        epoch (the one that ended), step
+        on_train_end        the run's summary
+
+So ``def on_epoch_end(self, epoch, logs)`` and ``def on_step_end(self, step, logs)`` both work.
 
 A method may RETURN a dict of scalars ``{name: number}``: the loop logs them at that step
 (metrics.jsonl and TensorBoard, under those names, no prefix), and the hooks called after it
@@ -20,18 +26,20 @@ hooks still get this event, then the run ends at that point like any other (fina
 evaluation, model saved) with ``summary["stop_reason"] = "reason"``.
 
 The loop's own observers (console, metrics file, TensorBoard, memory and input watches,
-profiler, finalize guard) are hooks too; a user's callbacks come after the observers that
-print, before the two that write files (so a returned scalar lands in the same record).
+finalize guard) are hooks too; a user's callbacks come after the observers that print, before
+the two that write files (so a returned scalar lands in the same record).
 """
 from __future__ import annotations
 
+import inspect
 import math
 from numbers import Real
-from typing import Iterable
+from typing import Callable, Iterable
 
 from mnistflow.core.errors import MnistflowError
 
 HOOKS = ("on_train_start", "on_step_end", "on_validation_end", "on_epoch_end", "on_train_end")
+ARGS = ("step", "epoch", "logs")  # the keywords of every event
 
 
 class StopTraining(Exception):
@@ -55,24 +63,44 @@ def _scalars(hook: object, name: str, out: object) -> dict:
     return {k: float(v) if not isinstance(v, int) and math.isfinite(v) else v for k, v in out.items()}
 
 
-def call(hooks: Iterable, name: str, *args) -> str | None:
-    """Call ``hook.<name>(*args)`` on every hook that has it, in order.
+def accepted(hook: object, fn: Callable) -> tuple[str, ...] | None:
+    """The keywords of ``ARGS`` that hook method ``fn`` takes (None: all, it has ``**kwargs``).
+    A parameter it requires that no event passes is an error naming the method."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):  # a builtin without a signature: give it all
+        return None
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return None
+    unknown = [p.name for p in params if p.name not in ARGS and p.default is p.empty
+               and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    if unknown:
+        raise MnistflowError(f"{type(hook).__name__}.{fn.__name__} takes {', '.join(unknown)}; a hook "
+                             f"method takes any of {', '.join(ARGS)} (by name)")
+    return tuple(p.name for p in params if p.name in ARGS)
 
-    The scalars a hook returns are merged into ``logs`` (the last argument) for the hooks after
-    it. Returns the reason of the first ``StopTraining`` raised (after every hook was called),
-    else None. Any other exception propagates at once.
-    """
-    logs = args[-1] if args and isinstance(args[-1], dict) else None
-    stop = None
-    for h in hooks:
-        fn = getattr(h, name, None)
-        if fn is None:
-            continue
-        try:
-            out = fn(*args)
-        except StopTraining as e:
-            stop = stop or e.reason
-            continue
-        if out is not None and logs is not None:
-            logs.update(_scalars(h, name, out))
-    return stop
+
+class Hooks:
+    """The run's hooks in order, each method called with the keywords it takes."""
+
+    def __init__(self, hooks: Iterable) -> None:
+        self.calls: dict[str, list[tuple[object, Callable, tuple[str, ...] | None]]] = {
+            name: [(h, fn, accepted(h, fn)) for h in hooks if callable(fn := getattr(h, name, None))]
+            for name in HOOKS}
+
+    def call(self, name: str, *, step: int, epoch: int, logs: dict) -> str | None:
+        """Call ``name`` on every hook that has it, in order. The scalars a hook returns are
+        merged into ``logs`` for the hooks after it. Returns the reason of the first
+        ``StopTraining`` raised (after every hook was called), else None. Any other exception
+        propagates at once."""
+        given = {"step": step, "epoch": epoch, "logs": logs}
+        stop = None
+        for hook, fn, names in self.calls[name]:
+            try:
+                out = fn(**(given if names is None else {k: given[k] for k in names}))
+            except StopTraining as e:
+                stop = stop or e.reason
+                continue
+            if out is not None:
+                logs.update(_scalars(hook, name, out))
+        return stop

@@ -1,4 +1,4 @@
-"""``mnistflow train``: records -> a trained model in a run directory.
+"""The training loop: :func:`fit` starts the run, steps it, and finishes it.
 
     mnistflow train --recipe softmax                    # the tutorial's softmax regression
     mnistflow train --recipe seed-cnn --data data/mnist # the tutorial's deep CNN
@@ -10,40 +10,33 @@
     torchrun --standalone --nproc_per_node 2 -m mnistflow train --recipe fast   # data parallel
     mnistflow train --recipe fast --nproc 2                                      # the same
 
-This module is the training loop: :func:`fit` reads top to bottom and holds every "when" rule
-(when to log, evaluate, checkpoint, and stop: epochs, ``--max-steps``, ``--target-acc``, a
-signal, a hook's ``StopTraining``). Building the run is ``training.setup``; resuming is
-``training.resume``; one step is ``training.engine``; the hooks are ``training.hooks``.
+This module holds every "when" rule: when to log, evaluate, checkpoint and stop (epochs,
+``--max-steps``, ``--target-acc``, a signal, a hook's ``StopTraining``). Building the run is
+``training.setup``; one step is ``training.engine``; the hooks are ``training.hooks``.
 
-Run directory (``mnistflow.artifacts.rundir``): config.toml, metrics.jsonl, tb/, model.safetensors,
-summary.json, checkpoints/. The timer starts after setup (data on the device, model built,
-writers open) and stops after the final test evaluation. SIGINT/SIGTERM save a checkpoint at
-the end of the current step and exit (130/143).
-
-Under torchrun (see ``mnistflow.runtime.dist``) every rank runs ``fit``: the model is wrapped in
-DistributedDataParallel, each rank reads its shard, and rank 0 alone has the console, files
-and checkpoints (``setup.rank_zero_observers``). ``--batch-size`` is per process; the global
-batch is batch size x world size. A signal to any rank stops all of them at the same step.
+The timer starts after setup (data on the device, model built, writers open) and stops after
+the final test evaluation. SIGINT/SIGTERM save a checkpoint at the end of the current step and
+exit (130/143). Under torchrun every rank runs ``fit``: the model is wrapped in
+DistributedDataParallel, each rank reads its shard, and rank 0 alone has the console, files and
+checkpoints (``setup.rank_zero_observers``). ``--batch-size`` is per process; the global batch
+is batch size x world size. A signal to any rank stops all of them at the same step.
 """
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import math
 import time
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import torch
 
 from mnistflow import kernels
-from mnistflow.artifacts import checkpoint
 from mnistflow.artifacts.model_file import save_model
-from mnistflow.artifacts.model_info import ModelInfo, info_from_records
 from mnistflow.artifacts.runlog import end_of_run_table
 from mnistflow.core import log
-from mnistflow.core.errors import MnistflowError, display
+from mnistflow.core.errors import MnistflowError
 from mnistflow.core.fsutil import atomic_write_text
 from mnistflow.data.augment import mirror_safe
 from mnistflow.models.evaluate import evaluate
@@ -51,64 +44,32 @@ from mnistflow.runtime import dist
 from mnistflow.runtime.cpu import set_interop_threads
 from mnistflow.runtime.device import pick_device
 from mnistflow.training import config as configmod
-from mnistflow.training.checkpointing import (
-    Interrupt,
-    Saver,
-    SignalHandlers,
-    TrainingInterrupted,
-)
+from mnistflow.training.callbacks import check_callbacks
+from mnistflow.training.checkpointing import TrainingInterrupted
 from mnistflow.training.config import TrainConfig
-from mnistflow.training.engine import (
-    GraphedStep,
-    LogWindow,
-    TrainState,
-    finite_weights,
-    graph_blocker,
-    nonfinite,
-    profiled,
-    train_step,
-)
-from mnistflow.training.hooks import call
-from mnistflow.training.observe.console import ConsoleLogger
-from mnistflow.training.observe.finalize import FinalizeGuard
+from mnistflow.training.engine import GraphedStep, LogWindow, finite_weights, nonfinite, profiled
 from mnistflow.training.observe.memory import gpu_peaks_mb
-from mnistflow.training.optim import float32_rate, lr_factor
-from mnistflow.training.resume import Resume, data_fingerprint, truncate_metrics
-from mnistflow.training.setup import (
-    Run,
-    build_run,
-    decide_run,
-    init_from,
-    rank_zero_observers,
-    resolve_config,
-    warm_up,
-    whiten,
-)
+from mnistflow.training.resume import Resume
+from mnistflow.training.setup import Run, check_run_inputs, model_info, start, whiten
 
-__all__ = ["fit", "train", "resolve_config", "TrainingInterrupted"]
-
-
-def train(config: str | Path | None = None, **overrides) -> dict:
-    """Python twin of ``mnistflow train``: ``train(recipe="seed-cnn", epochs=2)``."""
-    return fit(resolve_config(config, **overrides))
+__all__ = ["fit", "TrainingInterrupted"]
 
 
 def fit(cfg: TrainConfig, *, model: torch.nn.Module | None = None, model_factory: dict | None = None,
-        callbacks: Sequence = (), loss_fn: Callable | None = None) -> dict:
+        callbacks: Sequence = (), loss_fn: Callable | None = None, resume: Resume | None = None) -> dict:
     """Train as configured; returns the run summary (the ``--json`` object). ``cfg`` is not changed.
 
-    With ``cfg.resume`` (``latest`` or a path) the run continues from a checkpoint (or, killed
-    before its first one, restarts from its own config.toml); otherwise a run directory that
-    already holds a run is refused (nothing is overwritten). The run directory is locked for
-    the run's lifetime: a second training on it fails at once. Under
-    torchrun every process calls it (see the module docstring). ``model``: a ready module to
+    With ``cfg.resume`` the run continues from that checkpoint (``resume``: it, read already by
+    ``training.configure``) or, killed before its first one, restarts from its own config.toml;
+    otherwise a run directory that already holds a run is refused. The run directory is locked
+    for the run's lifetime. Under torchrun every process calls it. ``model``: a ready module to
     train instead of ``cfg.model``'s, ``model_factory`` how to rebuild it ({"factory":
     "pkg.mod:name", "kwargs": {...}}, recorded in the model file); ``callbacks``: hooks
     (``training.hooks``) after mnistflow's own; ``loss_fn(logits, targets)``: replaces the
     (label-smoothed) cross-entropy.
     """
-    # a ready module's name is a label (its import path), not a registered model or a spec
-    configmod.validate(cfg, check_model=model is None)
+    check_run_inputs(cfg, check_model=model is None)  # a ready module's name is a label, not a model name
+    callbacks = check_callbacks(callbacks)
     set_interop_threads(cfg.interop_threads)  # first: PyTorch fixes this pool at its first use
     env = dist.env_info()
     device = dist.gpus_for_processes(env, pick_device(cfg.device), cfg.device)
@@ -119,11 +80,11 @@ def fit(cfg: TrainConfig, *, model: torch.nn.Module | None = None, model_factory
     info = dist.init(device.type)
     device = dist.device_for(info, device)
     kernels.reset_used()
-    if loss_fn is not None:
-        loss_fn = _checked_loss(loss_fn)
     try:
         with log.recording() as warned, log.quiet(cfg.quiet), contextlib.ExitStack() as held:
-            summary = _fit(cfg, device, info, warned, held, model, model_factory, list(callbacks), loss_fn)
+            run = start(cfg, device, info, held, resume=resume, model=model, model_factory=model_factory,
+                        callbacks=callbacks, loss_fn=None if loss_fn is None else _checked_loss(loss_fn))
+            summary = finish(run, run_epochs(run), warned)
     except TrainingInterrupted:
         if owned:
             dist.cleanup()
@@ -135,6 +96,203 @@ def fit(cfg: TrainConfig, *, model: torch.nn.Module | None = None, model_factory
     if owned:
         dist.cleanup()
     return summary
+
+
+@dataclass
+class Clock:
+    start: float  # after setup: the timed part of the run
+    eval_s: float = 0.0  # seconds in validation/test passes (not training throughput)
+    to_target: float | None = None  # seconds to --target-acc
+
+
+def run_epochs(run: Run) -> Clock:
+    """Epochs of steps, until the last step, the target, a signal or a hook's stop."""
+    cfg, state, hooks = run.cfg, run.state, run.hooks
+    state.stop(hooks.call("on_train_start", step=state.step, epoch=state.epoch, logs={
+        "total_steps": run.total, "start_step": state.step, "steps_per_epoch": run.steps_per_epoch,
+        "run_dir": str(run.dir.path), "config": configmod.to_dict(cfg)}))
+    clock = Clock(time.perf_counter())
+    if cfg.whiten and run.resume is None and not cfg.init_from:  # data-dependent init: training time
+        run.console.message(whiten(run))
+    window = LogWindow(run.device, run.train_loader)
+    check_each_step = run.device.type == "cpu"  # a CPU scalar read is no device sync
+    with run.signals, run.guard:
+        while state.step < run.total and not state.stop_reason:
+            run.train_loader.set_epoch(state.epoch, state.step_in_epoch)  # order: f(seed, epoch)
+            run.model.train()
+            window.restart()
+            for xb, yb in _batches(run.train_loader):
+                lr = run.lr_at(state.step)
+                loss, logits = run.step_fn(run.model, run.optimizer, run.amp, xb, yb, lr,
+                                           label_smoothing=cfg.label_smoothing, loss_fn=run.loss_fn)
+                if check_each_step and not math.isfinite(loss.item()):
+                    raise nonfinite(state, lr, run.precision)
+                window.add(loss, logits, yb)
+                state.advance(yb.shape[0] * run.info.world_size)
+                last, epoch_end = state.step >= run.total, state.step_in_epoch == run.steps_per_epoch
+                if state.step % cfg.log_every == 0 or last or epoch_end:  # the one sync per interval
+                    logs = window.read(state, lr, run.precision)
+                    with profiled("logging"):
+                        state.stop(hooks.call("on_step_end", step=state.step, epoch=state.epoch, logs=logs))
+                with profiled("step_hooks"):
+                    if cfg.eval_every and state.step % cfg.eval_every == 0:
+                        evaluate_now(run, clock)
+                    if run.observers.profiler is not None:
+                        run.observers.profiler.step(state.step)
+                    if last or epoch_end:
+                        break  # the epoch's end follows; after the last step, finish()
+                    at_resumable_point(run)
+                if state.stop_reason:
+                    break
+            if state.stop_reason == "interrupted":
+                break
+            if eval_due_at_epoch_end(run):
+                evaluate_now(run, clock)
+            if state.step_in_epoch >= run.steps_per_epoch:
+                end_epoch(run)
+            if state.step < run.total:
+                at_resumable_point(run)
+    if state.stop_reason == "interrupted":
+        raise interrupted(run)
+    return clock
+
+
+def _batches(loader) -> object:
+    """The loader's batches, each fetch timed as the profiler's ``data`` phase."""
+    batches = iter(loader)
+    while True:
+        with profiled("data"):
+            batch = next(batches, None)
+        if batch is None:
+            return
+        yield batch
+
+
+def evaluate_now(run: Run, clock: Clock) -> None:
+    """An evaluation at this step: of val (test when there is no val split), and with a target
+    judged on test, of test too."""
+    split = "val" if run.val_loader is not None else "test"
+    evaluate_split(run, clock, split)
+    cfg = run.cfg
+    if cfg.target_acc is not None and clock.to_target is None and split != cfg.target_split:
+        evaluate_split(run, clock, cfg.target_split)
+
+
+def evaluate_split(run: Run, clock: Clock, split: str) -> None:
+    """Evaluate ``split`` now, tell the hooks, and apply the rule: stop at the target accuracy."""
+    state, t0 = run.state, time.perf_counter()
+    # the plain module: under torch.compile the train/eval switch would recompile
+    res = evaluate(run.raw_model, run.val_loader if split == "val" else run.test_loader, run.amp,
+                   run.rec.num_classes, tta=run.cfg.tta, mirror=mirror_safe(run.rec.name))
+    res.update(split=split, eval_s=time.perf_counter() - t0)
+    clock.eval_s += res["eval_s"]
+    state.metrics.update({f"{split}_acc": res["acc"], f"{split}_loss": res["loss"], f"{split}_step": state.step})
+    if run.saver is not None:
+        run.saver.note_eval(state.step, split, res["acc"])
+    state.stop(run.hooks.call("on_validation_end", step=state.step, epoch=state.epoch,
+                              logs={**res, f"{split}_acc": res["acc"], f"{split}_loss": res["loss"]}))
+    cfg = run.cfg
+    if (cfg.target_acc is not None and clock.to_target is None and split == cfg.target_split
+            and res["acc"] >= cfg.target_acc):
+        clock.to_target = time.perf_counter() - clock.start
+        state.stop_reason = "target"
+
+
+def eval_due_at_epoch_end(run: Run) -> bool:
+    """Validate here (the end of an epoch, or the last step)? At each epoch's end, and at the last
+    step when it is off the ``--eval-every`` grid; never once the run is stopping."""
+    cfg, state = run.cfg, run.state
+    if not cfg.validate or state.stop_reason:
+        return False
+    last = state.step >= run.total
+    if cfg.eval_every:
+        return last and state.step % cfg.eval_every != 0
+    return last or state.step_in_epoch >= run.steps_per_epoch
+
+
+def end_epoch(run: Run) -> None:
+    """Tell the hooks an epoch ended, and count it."""
+    state = run.state
+    logs = {"epoch": state.epoch, "step": state.step}
+    state.stop(run.hooks.call("on_epoch_end", step=state.step, epoch=state.epoch, logs=logs))
+    state.epoch += 1
+    state.step_in_epoch = 0
+
+
+def at_resumable_point(run: Run) -> None:
+    """A point the run can continue from as if it never stopped (a step inside an epoch, an
+    epoch's end after its evaluation): save when due; on a signal, save and stop."""
+    state, saver, cfg = run.state, run.saver, run.cfg
+    # Read once: a signal that lands after this line stops the run at the next point, with its
+    # own save (read twice, one landing in between stopped the run here unsaved).
+    signalled = run.signals.signalled()
+    if saver is not None:
+        reason = ("interrupt" if signalled else
+                  "every" if cfg.checkpoint_every and state.step % cfg.checkpoint_every == 0 else
+                  "secs" if cfg.checkpoint_secs and saver.seconds_since_save() >= cfg.checkpoint_secs else
+                  "best" if saver.is_new_best(state.step) else "")
+        if reason and not saver.saved(state.step):
+            saver.save(state.step, reason)
+    if signalled:
+        state.stop_reason = "interrupted"
+
+
+def interrupted(run: Run) -> TrainingInterrupted:
+    """The run was signalled and rank 0 saved its checkpoint: close the writers and wait for every
+    rank (none exits, and gets the job torn down, before the save)."""
+    run.observers.close()
+    dist.barrier()
+    return TrainingInterrupted(run.signals.agreed, run.state.step,
+                               run.saver.last_path if run.saver else None, run.dir.path,
+                               rank=run.info.rank, world_size=run.info.world_size)
+
+
+def finish(run: Run, clock: Clock, warned: list[str]) -> dict:
+    """The end: the final test, the final checkpoint, the model, the summary."""
+    state, saver = run.state, run.saver
+    # The loss of each step is checked before its update: the last update's blow-up is caught
+    # here, before a model no reader accepts is saved (what the run recorded stays).
+    if not finite_weights(run.raw_model):
+        raise nonfinite(state, run.lr_at(max(state.step - 1, 0)), run.precision, weights=True)
+    if run.test_loader is not None and state.metrics.get("test_step") != state.step:
+        evaluate_split(run, clock, "test")  # (a test pass of this very step counts)
+    wall = time.perf_counter() - clock.start
+    # Training throughput counts the steps only: wall time less evaluations and checkpoint writes.
+    train_s = wall - clock.eval_s - (saver.save_s if saver is not None else 0.0)
+    profiler = run.observers.profiler
+    if profiler is not None:
+        profiler.close()
+        run.console.message(profiler.report or f"profiler: the run ended before step {profiler.stop}; "
+                                                "nothing was recorded")
+    if saver is not None:
+        saver.save(state.step, "final")
+    in_sync = None
+    if run.info.enabled:  # DDP keeps the ranks' parameters equal: check it, once, at the end
+        in_sync = dist.params_in_sync(run.raw_model)
+        if not in_sync:
+            log.warn("the model's parameters differ between ranks at the end of training "
+                     "(a non-deterministic model or a bug); rank 0's were saved")
+    summary = _summary(run, clock, wall, train_s, in_sync)
+    summary["warnings"] = warned  # the list itself: a warning of the steps below is in it too
+    summary["kernels"] = kernels.used()
+    summary["cuda_graph"] = isinstance(run.step_fn, GraphedStep) and run.step_fn.graph is not None
+    run.hooks.call("on_train_end", step=state.step, epoch=state.epoch, logs=summary)
+    if run.info.is_primary:
+        _write_outputs(run, summary)
+    return summary
+
+
+def _write_outputs(run: Run, summary: dict) -> None:
+    """Rank 0: the model file, the graph in TensorBoard, summary.json, the end-of-run table."""
+    save_model(run.dir.model, run.raw_model, model_info(run))
+    tb = next((w for w in run.observers.writers if hasattr(w, "add_graph")), None)
+    if tb is not None:
+        tb.add_graph(run.raw_model.eval(), next(iter(run.val_loader or run.test_loader))[0][:1])
+    run.observers.close()
+    atomic_write_text(run.dir.summary, json.dumps(summary, indent=1) + "\n")
+    run.console.message(end_of_run_table(summary, run.cfg.target_acc))
+    if run.cfg.json:
+        print(json.dumps(summary))
 
 
 def _checked_loss(loss_fn: Callable) -> Callable:
@@ -161,279 +319,17 @@ def _checked_loss(loss_fn: Callable) -> Callable:
     return loss
 
 
-def _fit(cfg: TrainConfig, device: torch.device, info: dist.DistInfo, warned: list[str],
-         held: contextlib.ExitStack, model, model_factory, callbacks: list, loss_fn) -> dict:
-    primary = info.is_primary
-    # --- setup: where the run goes (owned until ``held`` closes), what it continues from ------
-    # A new run that fails before it recorded a step leaves its directory as it was (``RunLock``:
-    # what it wrote is removed when ``held`` closes on the error): the same command runs again.
-    resume_path, run_dir = decide_run(cfg, info, held)
-    resume = Resume.open(resume_path, cfg, info.world_size) if resume_path is not None else None
-    run = build_run(cfg, run_dir, device, info, resume, model, model_factory)
-    cfg = run.cfg  # as the run uses it (batch size decided); the caller's object is untouched
-    steps_per_epoch = len(run.train_loader)  # the same on every rank, and for any world size
-    total = max(1, math.ceil(cfg.epochs * steps_per_epoch))
-    if cfg.max_steps:
-        total = min(total, cfg.max_steps)
-
-    def lr_at(step: int) -> float:  # a pure function of the step: resuming needs only the step
-        return float32_rate(cfg.lr * lr_factor(step, total, cfg.schedule, warmup=cfg.warmup,
-                                               steps_per_epoch=steps_per_epoch, step_every=cfg.step_every,
-                                               gamma=cfg.step_gamma))
-
-    start_step = resume.step if resume is not None else 0
-    if cfg.resume and primary:
-        truncate_metrics(run.dir.metrics, start_step)
-    console = ConsoleLogger(total, quiet=cfg.quiet or not primary)
-    obs = rank_zero_observers(run, console, start_step if cfg.resume else None)
-    held.callback(obs.close)  # on a failure too, before the lock's release reads what they wrote (twice: no-op)
-    guard = FinalizeGuard(run.raw_model)
-    # the printing observers, the user's callbacks, then the writers (which so record what they return)
-    hooks = [*obs.first, guard, *callbacks, *obs.writers]
-    state = TrainState(total_steps=total)
-    # Signals: without checkpoints there is nothing to save, so they keep their default
-    # behaviour. Under torchrun the handler's flag (pending) is agreed on by all ranks first.
-    catch_signals = cfg.keep_checkpoints > 0
-    interrupt = Interrupt()
-    pending = Interrupt() if catch_signals and info.enabled else interrupt
-    saver = Saver(checkpoint.CheckpointDir(run.dir.checkpoints, cfg.keep_checkpoints),
-                  lambda: _payload(run, state, lr_at), "val" if run.val_loader is not None else "test") \
-        if catch_signals and primary else None
-    for line in _headline(run, total):
-        console.message(line)
-    if cfg.init_from and resume is None:
-        console.message(init_from(run))
-    warm_up(run)
-    if resume is not None:
-        resume.restore(run.raw_model, run.optimizer, run.amp.scaler, state, cfg.seed, info.rank)
-        console.message(f"resumed from {display(resume.path)}: step {state.step}, epoch {state.epoch} "
-                        f"+ {state.step_in_epoch} batches"
-                        + (f" (saved by {resume.world_size} process(es), continued by {info.world_size})"
-                           if resume.world_size != info.world_size else ""))
-    if saver is not None and cfg.resume:
-        moved = saver.ckpts.supersede_after(state.step)
-        if moved:
-            console.message(f"moved {len(moved)} checkpoint(s) newer than step {state.step} to "
-                            f"{display(moved[0].parent)}")
-
-    def stop(reason: str | None) -> None:  # the first reason to stop wins (a signal: always)
-        if reason and not state.stop_reason:
-            state.stop_reason = reason
-
-    stop(call(hooks, "on_train_start", {"total_steps": total, "start_step": state.step,
-                                        "steps_per_epoch": steps_per_epoch,
-                                        "run_dir": str(run.dir.path), "config": configmod.to_dict(cfg)}))
-    start_samples = state.samples
-    clock = _Clock(time.perf_counter())
-    if cfg.whiten and resume is None and not cfg.init_from:  # data-dependent init: training time
-        console.message(whiten(run))
-
-    def validate(split: str | None = None) -> dict:
-        """An evaluation at this step, its hooks, and the rule: stop at the target accuracy."""
-        split = split or ("val" if run.val_loader is not None else "test")
-        t0 = time.perf_counter()
-        # the plain module: under torch.compile the train/eval switch would recompile
-        res = evaluate(run.raw_model, run.val_loader if split == "val" else run.test_loader, run.amp,
-                       run.rec.num_classes, tta=cfg.tta, mirror=mirror_safe(run.rec.name))
-        res.update(split=split, eval_s=time.perf_counter() - t0)
-        clock.eval_s += res["eval_s"]
-        state.metrics.update({f"{split}_acc": res["acc"], f"{split}_loss": res["loss"],
-                              f"{split}_step": state.step})
-        if saver is not None:
-            saver.note_eval(state.step, split, res["acc"])
-        stop(call(hooks, "on_validation_end", state.step,
-                  {**res, f"{split}_acc": res["acc"], f"{split}_loss": res["loss"]}))
-        if cfg.target_acc is not None and clock.to_target is None:
-            if split == "val" and cfg.target_split == "test":
-                validate("test")  # the target is on test: measure it at this step too
-            elif split == cfg.target_split and res["acc"] >= cfg.target_acc:
-                clock.to_target = time.perf_counter() - clock.start
-                state.stop_reason = "target"
-        return res
-
-    def resumable_point() -> None:
-        """A point the run can continue from as if it never stopped (a step inside an epoch,
-        an epoch's end after its evaluation): save when due; on a signal, save and stop."""
-        if pending is not interrupt:  # under torchrun: a signal to any rank stops every rank here
-            signum = dist.max_over_ranks(pending.signum)
-            if signum and not interrupt.signum:
-                interrupt.signum = signum
-        # Read once: a signal that lands after this line stops the run at the next point, with
-        # its own save (read twice, one landing in between stopped the run here unsaved).
-        signalled = interrupt.signum
-        if saver is not None:
-            reason = ("interrupt" if signalled else
-                      "every" if cfg.checkpoint_every and state.step % cfg.checkpoint_every == 0 else
-                      "secs" if cfg.checkpoint_secs and saver.seconds_since_save() >= cfg.checkpoint_secs else
-                      "best" if saver.is_new_best(state.step) else "")
-            if reason and not saver.saved(state.step):
-                saver.save(state.step, reason)
-        if signalled:
-            state.stop_reason = "interrupted"
-
-    # --- the loop -------------------------------------------------------------------------
-    window = LogWindow(run.device, run.train_loader)
-    check_each_step = run.device.type == "cpu"  # a CPU scalar read is no device sync
-    step_fn = train_step
-    if cfg.cuda_graphs == "auto":
-        blocker = graph_blocker(run.device, info.world_size, cfg.optimizer, run.precision, cfg.compile,
-                                obs.profiler is not None)
-        if blocker is None:
-            step_fn = GraphedStep()
-        elif run.device.type == "cuda":
-            log.note(f"--cuda-graphs auto: stepping eagerly ({blocker})")
-    world = info.world_size
-    signals = SignalHandlers(pending, quiet=not primary) if catch_signals else contextlib.nullcontext()
-    with signals, guard:
-        while state.step < total and not state.stop_reason:
-            run.train_loader.set_epoch(state.epoch, state.step_in_epoch)  # order: f(seed, epoch)
-            run.model.train()
-            window.restart()
-            batches = iter(run.train_loader)
-            while True:
-                with profiled("data"):
-                    batch = next(batches, None)
-                if batch is None:
-                    break
-                xb, yb = batch
-                lr = lr_at(state.step)
-                loss, logits = step_fn(run.model, run.optimizer, run.amp, xb, yb, lr,
-                                          label_smoothing=cfg.label_smoothing, loss_fn=loss_fn)
-                if check_each_step and not math.isfinite(loss.item()):
-                    raise nonfinite(state, lr, run.precision)
-                window.add(loss, logits, yb)
-                state.step += 1
-                state.step_in_epoch += 1
-                state.samples += yb.shape[0] * world
-                last, epoch_end = state.step >= total, state.step_in_epoch == steps_per_epoch
-                if state.step % cfg.log_every == 0 or last or epoch_end:  # the one sync per interval
-                    logs = window.read(state, lr, run.precision)
-                    with profiled("logging"):
-                        stop(call(hooks, "on_step_end", state.step, logs))
-                with profiled("step_hooks"):
-                    if cfg.eval_every and state.step % cfg.eval_every == 0:
-                        validate()
-                    if obs.profiler is not None:
-                        obs.profiler.step(state.step)
-                    if last or epoch_end:
-                        break  # the epoch's end, below; the last step: the final save
-                    resumable_point()
-                if state.stop_reason:
-                    break
-            # --- the epoch's end (or a stop inside it) ---
-            if state.stop_reason == "interrupted":
-                break
-            epoch_done = state.step_in_epoch >= steps_per_epoch
-            if cfg.validate and not state.stop_reason and (
-                    (not cfg.eval_every and (epoch_done or state.step >= total))
-                    or (cfg.eval_every and state.step >= total and state.step % cfg.eval_every)):
-                validate()  # each epoch's end, and the last step when it is off the --eval-every grid
-            if epoch_done:
-                stop(call(hooks, "on_epoch_end", state.epoch, {"epoch": state.epoch, "step": state.step}))
-                state.epoch += 1
-                state.step_in_epoch = 0
-            if state.step < total:
-                resumable_point()
-    if state.stop_reason == "interrupted":
-        obs.close()
-        dist.barrier()  # rank 0 has saved: no rank exits (and gets the job torn down) before
-        raise TrainingInterrupted(interrupt.signum, state.step, saver.last_path if saver else None,
-                                  run.dir.path, rank=info.rank, world_size=world)
-
-    # --- the end: the test, the final checkpoint, the model, the summary ---------------------
-    # The loss of each step is checked before its update: the last update's blow-up is caught
-    # here, before a model no reader accepts is saved (what the run recorded stays, as after a NaN loss).
-    if not finite_weights(run.raw_model):
-        raise nonfinite(state, lr_at(max(state.step - 1, 0)), run.precision, weights=True)
-    if run.test_loader is not None and state.metrics.get("test_step") != state.step:
-        validate("test")  # (a test pass of this very step counts: no val split, or a target on test)
-    wall = time.perf_counter() - clock.start
-    # Training throughput counts the steps only: wall time less evaluations and checkpoint writes.
-    train_s = wall - clock.eval_s - (saver.save_s if saver is not None else 0.0)
-    if obs.profiler is not None:
-        obs.profiler.close()
-        console.message(obs.profiler.report or f"profiler: the run ended before step {obs.profiler.stop}; "
-                                                "nothing was recorded")
-    if saver is not None:
-        saver.save(state.step, "final")
-    in_sync = None
-    if info.enabled:  # DDP keeps the ranks' parameters equal: check it, once, at the end
-        in_sync = dist.params_in_sync(run.raw_model)
-        if not in_sync:
-            log.warn("the model's parameters differ between ranks at the end of training "
-                     "(a non-deterministic model or a bug); rank 0's were saved")
-    samples = state.samples - start_samples
-    summary = _summary(run, state, clock, wall, train_s, samples, in_sync,
-                       checkpoint_path=saver.last_path if saver is not None else None)
-    summary["warnings"] = warned  # the list itself: a warning of the steps below is in it too
-    summary["kernels"] = kernels.used()
-    summary["cuda_graph"] = isinstance(step_fn, GraphedStep) and step_fn.graph is not None  # replayed
-    call(hooks, "on_train_end", summary)
-    if primary:
-        save_model(run.dir.model, run.raw_model, _model_info(run, state))
-        tb = next((w for w in obs.writers if hasattr(w, "add_graph")), None)
-        if tb is not None:
-            tb.add_graph(run.raw_model.eval(), next(iter(run.val_loader or run.test_loader))[0][:1])
-        obs.close()
-        atomic_write_text(run.dir.summary, json.dumps(summary, indent=1) + "\n")
-        console.message(end_of_run_table(summary, cfg.target_acc))
-        if cfg.json:
-            print(json.dumps(summary))
-    return summary
-
-
-def _headline(run: Run, total: int) -> list[str]:
-    """What the run is about to do (the console's first lines)."""
-    cfg, info = run.cfg, run.info
-    lines = [f"training {cfg.model} on {run.rec.name} {cfg.train_on} ({run.rec.size(cfg.train_on):,} images, "
-             f"{run.rec.num_classes} classes) | {run.device} {run.precision}"
-             f"{' channels_last' if cfg.channels_last else ''} threads={torch.get_num_threads()} | "
-             f"batch {cfg.batch_size * info.world_size} x {total} steps | {run.dir.path}"]
-    if info.enabled:
-        lines.append(f"data parallel: {info.world_size} processes ({info.backend}), batch "
-                     f"{cfg.batch_size} per process x {info.world_size} = global batch "
-                     f"{cfg.batch_size * info.world_size}")
-    return lines
-
-
-@dataclasses.dataclass
-class _Clock:
-    start: float  # after setup: the timed part of the run
-    eval_s: float = 0.0  # seconds in validation/test passes (not training throughput)
-    to_target: float | None = None  # seconds to --target-acc
-
-
-def _model_info(run: Run, state: TrainState) -> ModelInfo:
-    info = info_from_records(run.cfg.model, run.rec, dict(state.metrics))
-    if run.model_factory:
-        info = dataclasses.replace(info, factory=run.model_factory["factory"],
-                                   factory_kwargs=dict(run.model_factory.get("kwargs") or {}))
-    return info
-
-
-def _payload(run: Run, state: TrainState, lr_at) -> dict:
-    """Everything to continue from this step (``artifacts.checkpoint`` writes it)."""
-    ts = {"step": state.step, "epoch": state.epoch, "step_in_epoch": state.step_in_epoch,
-          "samples": state.samples, "stop_reason": state.stop_reason, "metrics": dict(state.metrics),
-          "world_size": run.info.world_size, "threads": torch.get_num_threads()}
-    return checkpoint.capture(
-        run.raw_model, run.optimizer, run.amp.scaler, ts,
-        configmod.to_dict(dataclasses.replace(run.cfg, resume=None)),
-        scheduler={"schedule": run.cfg.schedule, "step": state.step, "total_steps": state.total_steps,
-                   "lr": lr_at(state.step), "note": "the learning rate is a pure function of the step"},
-        data=data_fingerprint(run.rec), model_info=dataclasses.asdict(_model_info(run, state)))
-
-
 def _peak_rss_mb() -> float:
     import resource
 
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
 
 
-def _summary(run: Run, state: TrainState, clock: _Clock, wall: float, train_s: float, samples: int,
-             ranks_in_sync: bool | None, checkpoint_path: Path | None) -> dict:
+def _summary(run: Run, clock: Clock, wall: float, train_s: float, ranks_in_sync: bool | None) -> dict:
     """The run's figures (every rank returns them; rank 0 writes summary.json)."""
-    cfg = run.cfg
+    cfg, state = run.cfg, run.state
+    start_samples = run.resume.payload["train_state"]["samples"] if run.resume is not None else 0
+    samples = state.samples - start_samples
     return {
         "wall_s": round(wall, 3),
         "time_to_target_s": None if clock.to_target is None else round(clock.to_target, 3),
@@ -461,5 +357,5 @@ def _summary(run: Run, state: TrainState, clock: _Clock, wall: float, train_s: f
         "ranks_in_sync": ranks_in_sync,
         "run_dir": str(run.dir.path),
         "resumed_from": None if run.resume is None else str(run.resume.path),
-        "checkpoint": None if checkpoint_path is None else str(checkpoint_path),
+        "checkpoint": None if run.saver is None or run.saver.last_path is None else str(run.saver.last_path),
     }

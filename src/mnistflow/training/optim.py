@@ -6,17 +6,12 @@ from typing import Callable, Iterable, Sequence
 
 import torch
 
+from mnistflow.core import choices
 from mnistflow.kernels import bf16_engine
 from mnistflow.kernels.muon import orthogonalize  # Newton-Schulz in PyTorch, beside its AMX kernel
 from mnistflow.models.ensemble import nets
 
-OPTIMIZERS = ("sgd", "momentum", "adadelta", "adagrad", "adam", "adamw", "rmsprop", "muon")
-SCHEDULES = ("constant", "step", "cosine", "onecycle", "linear")
 
-
-# torch.finfo(torch.float32).max: the largest rate torch applies to float32 weights (it refuses
-# a finite one beyond it); configmod.MAX_FLOAT32 (a test keeps them equal)
-F32_MAX = 3.4028234663852886e38
 
 _FUSED = {"sgd", "momentum", "adagrad", "adam", "adamw"}  # fused kernels on CPU and CUDA
 _FUSED_CPU_ONLY = {"adagrad"}  # fused=True on CUDA raises (PyTorch 2.4-2.13): foreach there
@@ -69,7 +64,7 @@ def build_optimizer(name: str,
     if name == "muon":
         return Muon(nets, lr, muon_lr=muon_lr, muon_momentum=muon_momentum, momentum=momentum,
                     nesterov=nesterov, weight_decay=wd, bf16_products=bf16_products)
-    raise ValueError(name)  # validated in config
+    raise ValueError(f"unknown optimizer '{name}' (known: {', '.join(choices.OPTIMIZERS)})")
 
 
 class Muon(torch.optim.Optimizer):
@@ -78,8 +73,8 @@ class Muon(torch.optim.Optimizer):
     Muon (Jordan et al., 2024; the optimizer of the airbench CIFAR-10 speed records) takes the
     momentum of a weight matrix (a conv filter bank is flattened to ``(out, in*k*k)``) and
     orthogonalizes it: every direction of the update gets the same size, so the rarely
-    excited directions learn as fast as the dominant ones. For the ``fast`` recipe it reaches
-    the same accuracy in 0.55 of an epoch that Nesterov SGD reaches in 0.9 (BENCHMARKS.md).
+    excited directions learn as fast as the dominant ones: the ``fast`` recipe reaches in about
+    half an epoch what Nesterov SGD needs nearly a whole one for (BENCHMARKS.md).
 
     Which parameters: every parameter with two or more dimensions except the last one, the
     classifier (the registered models define it last; a test checks it; ``params`` given as one
@@ -88,10 +83,10 @@ class Muon(torch.optim.Optimizer):
     biases and normalization parameters take SGD at ``lr`` with ``momentum``, ``nesterov`` and
     ``weight_decay`` (which the Muon matrices do not take: their updates have a fixed size).
 
-    ``bf16_products`` (set by training runs in bf16): on CPUs with AMX or AVX-512-BF16, the orthogonalization
-    of all the matrices runs in one native kernel call with bf16 products (``kernels.muon``;
-    0.95 -> 0.50 ms per step of the 96-channel fast net, the same accuracy over 64 seeds). Off, it is fp32 and
-    deterministic to fp32 rounding (the data-parallel equivalence tests rely on that).
+    ``bf16_products`` (set by training runs in bf16): on CPUs with AMX or AVX-512-BF16, the
+    orthogonalization of all the matrices runs in one native kernel call with bf16 products
+    (``kernels.muon``; its speed-up is in BENCHMARKS.md). Off, it is fp32 and deterministic to fp32
+    rounding (the data-parallel equivalence tests rely on that).
     """
 
     def __init__(self, params, lr: float, *, muon_lr: float = 0.1, muon_momentum: float = 0.8,
@@ -136,7 +131,7 @@ class Muon(torch.optim.Optimizer):
             if isinstance(lr, torch.Tensor):
                 torch._foreach_add_(ps, torch._foreach_mul(updates, -lr))
             else:
-                torch._foreach_add_(ps, updates, alpha=-float32_rate(lr))
+                torch._foreach_add_(ps, updates, alpha=-lr)
 
 
 def _orthogonal_updates(us: list[torch.Tensor], steps: int, bf16_products: bool) -> list[torch.Tensor]:
@@ -170,13 +165,6 @@ def _fusable(params, cpu_only: bool = False) -> bool:
     return bool(params) and all(p.is_floating_point() and p.device.type in devices for p in params)
 
 
-def float32_rate(lr: float) -> float:
-    """``lr`` as float32 weights take it: beyond the largest float32, inf. torch refuses a finite
-    rate it cannot convert (RuntimeError); inf does to the weights what such a rate would, and
-    the loop's NaN/inf check then stops the run with its one-line error."""
-    return lr if lr <= F32_MAX else math.inf
-
-
 def lr_factor(step: int, total: int, schedule: str, *, warmup: float = 0.0,
               steps_per_epoch: int = 1, step_every: float = 1.0, gamma: float = 0.7) -> float:
     """Multiplier of the base learning rate at ``step`` (0-based) of ``total`` steps.
@@ -201,8 +189,5 @@ def lr_factor(step: int, total: int, schedule: str, *, warmup: float = 0.0,
     if schedule == "cosine":
         return 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
     if schedule == "step":
-        try:
-            return gamma ** int(step / max(steps_per_epoch * step_every, 1))
-        except OverflowError:  # gamma > 1 raised past the largest double: far past any float32
-            return math.inf
-    raise ValueError(schedule)
+        return gamma ** int(step / max(steps_per_epoch * step_every, 1))
+    raise ValueError(f"unknown schedule '{schedule}' (known: {', '.join(choices.SCHEDULES)})")

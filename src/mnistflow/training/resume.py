@@ -7,16 +7,15 @@ Resuming needs only the checkpoint: the learning rate is a pure function of the 
 data order a pure function of (seed, epoch), so the loop continues at (epoch, step in epoch)
 with the model, optimizer, scaler and RNG states loaded strictly into the live objects.
 
-The checkpoint is read (and its checksum verified) once per process: ``resolve_config`` reads
-it for the saved configuration (the base that explicit settings override) and ``fit`` takes
-that same payload (:func:`load` keeps the last one read until it is taken).
+The checkpoint is read (and its checksum verified) once per process, as a :class:`Resume`:
+``training.configure`` reads it for the saved configuration (the base that explicit settings
+override) and hands that same object to ``fit``.
 """
 from __future__ import annotations
 
 import hashlib
 import json
 import os
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,8 +24,6 @@ import torch
 from mnistflow.artifacts import checkpoint, rundir
 from mnistflow.artifacts.rundir import RunDir
 from mnistflow.core.errors import MnistflowError
-from mnistflow.core.fsutil import atomic_write, open_regular
-from mnistflow.data.augment import legacy_policy
 from mnistflow.data.records import Records
 from mnistflow.runtime import dist
 from mnistflow.training.config import TrainConfig, load_toml
@@ -52,22 +49,13 @@ def data_fingerprint(rec: Records) -> dict:
             "sha256": hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()}
 
 
-def saved_config(payload: dict) -> dict:
-    """A checkpoint's configuration, in today's terms: ``augment`` true/false (saved before
-    augmentation policies) becomes the policy that run used (``augment.legacy_policy`` of its
-    data's channels), so that it continues with the very same augmentation."""
-    config = dict(payload["config"])
-    if isinstance(config.get("augment"), bool):
-        shape = (payload.get("data") or {}).get("shape") or [0, 0, 1]
-        config["augment"] = legacy_policy(int(shape[-1])) if config["augment"] else "off"
-    return config
 
 
 def resume_differences(old: dict, cfg: TrainConfig, old_data: dict | None = None,
                        data: dict | None = None, *, old_world: int = 1, world: int = 1) -> list[str]:
     """``key: old -> new`` for each setting that changes the model or data. ``old_world`` and
     ``world``: the numbers of processes of the checkpoint's run and of this one. ``old``: the
-    checkpoint's configuration (:func:`saved_config`); a ``--augment auto`` not resolved yet
+    checkpoint's configuration (``Resume.config``); a ``--augment auto`` not resolved yet
     (the records not opened) is compared once it is."""
     diffs = []
     for k in RESUME_IDENTITY:
@@ -122,32 +110,7 @@ def locate_resume(resume: str | os.PathLike | bool, run_dir: str | os.PathLike |
     return found, Path(run_dir) if run_dir else rd
 
 
-_read: tuple[tuple, dict] | None = None  # the last payload read and not yet taken, by file identity
-
-
-def _identity(path: Path) -> tuple:
-    try:
-        st = path.stat()
-        return str(path.resolve()), st.st_mtime_ns, st.st_size
-    except (OSError, RuntimeError):  # gone, a dangling link, a loop: the reader says which
-        return (str(path), None, None)
-
-
-def load(path: str | Path, *, keep: bool = False) -> dict:
-    """The verified payload of the checkpoint ``path``. ``keep``: remember it, so that the next
-    ``load`` of the same unchanged file returns it without reading it again (once)."""
-    global _read
-    p = Path(path)
-    key = _identity(p)
-    if _read is not None and _read[0] == key:
-        payload = _read[1]
-    else:
-        payload = checkpoint.load(p)
-    _read = (key, payload) if keep else None
-    return payload
-
-
-def check_same_run(path: Path, run_dir: Path) -> None:
+def check_same_run(resume: "Resume", run_dir: Path) -> None:
     """A checkpoint in ``run_dir``'s checkpoints/ was written by that run: its model, seed and
     optimizer are those of the run's config.toml. One copied in from another run would take
     the run over (its config.toml rewritten, its metrics cut back, another model trained into
@@ -155,12 +118,12 @@ def check_same_run(path: Path, run_dir: Path) -> None:
     config = RunDir(run_dir).config
     if not config.is_file():  # killed before its config was written: nothing to compare with
         return
-    own, saved = load_toml(config), saved_config(load(path, keep=True))
+    own, saved = load_toml(config), resume.config
     diffs = [f"{k} {saved[k]!r} (the run's: {own[k]!r})" for k in ("model", "seed", "optimizer")
              if k in own and k in saved and own[k] != saved[k]]
     if diffs:
         raise MnistflowError(f"was not written by the run in {run_dir}: it has {', '.join(diffs)}; move it "
-                             "out of checkpoints/, or resume it into another --run-dir", path)
+                             "out of checkpoints/, or resume it into another --run-dir", resume.path)
 
 
 def keep_global_batch(base: dict, old_world: int, given: bool) -> None:
@@ -172,21 +135,6 @@ def keep_global_batch(base: dict, old_world: int, given: bool) -> None:
     global_batch = base["batch_size"] * old_world
     if global_batch % world == 0:
         base["batch_size"] = global_batch // world
-
-
-def config_base(path: Path, given_batch: bool, known: set[str], *, keep_threads: bool = True) -> dict:
-    """The checkpoint's configuration, as the base layer of a resumed run's settings.
-    ``keep_threads``: the thread count the run used so far (the bits depend on it), unless the
-    user chose one (then it is left out: their choice applies)."""
-    saved = load(path, keep=True)  # fit() takes this very payload
-    base = {k: v for k, v in saved_config(saved).items() if k in known - {"resume", "run_dir"}}
-    old_world = int(saved["train_state"].get("world_size", 1))
-    keep_global_batch(base, old_world, given_batch)
-    if not keep_threads:
-        base.pop("threads", None)
-    elif saved["train_state"].get("threads") and old_world == dist.env_info().world_size:
-        base["threads"] = int(saved["train_state"]["threads"])  # (another world size: other bits anyway)
-    return base
 
 
 def restart_config(run_dir: str | os.PathLike) -> Path | None:
@@ -217,17 +165,31 @@ def restart_base(config: Path, known: set[str], *, keep_threads: bool = True) ->
 
 @dataclass
 class Resume:
-    """The checkpoint a run continues from, loaded once."""
+    """The checkpoint a run continues from, read (and verified) once."""
 
     path: Path
     payload: dict
 
     @classmethod
-    def open(cls, path: Path, cfg: TrainConfig, world: int) -> "Resume":
-        """Load ``path`` and refuse a configuration that would not continue the same run."""
-        r = cls(Path(path), load(path))
-        r.check(cfg, world)
-        return r
+    def load(cls, path: str | Path) -> "Resume":
+        return cls(Path(path), checkpoint.load(Path(path)))
+
+    @property
+    def config(self) -> dict:
+        """The configuration the checkpoint's run trained with."""
+        return dict(self.payload["config"])
+
+    def config_base(self, given_batch: bool, known: set[str], *, keep_threads: bool = True) -> dict:
+        """The checkpoint's configuration, as the base layer of a resumed run's settings.
+        ``keep_threads``: the thread count the run used so far (the bits depend on it), unless
+        the user chose one (then it is left out: their choice applies)."""
+        base = {k: v for k, v in self.config.items() if k in known - {"resume", "run_dir"}}
+        keep_global_batch(base, self.world_size, given_batch)
+        if not keep_threads:
+            base.pop("threads", None)
+        elif self.threads and self.world_size == dist.env_info().world_size:
+            base["threads"] = self.threads  # (another world size: other bits anyway)
+        return base
 
     @property
     def step(self) -> int:
@@ -246,7 +208,7 @@ class Resume:
 
     def check(self, cfg: TrainConfig, world: int, rec: Records | None = None) -> None:
         """RESUME_IDENTITY (and, with ``rec``, the data): a difference is an error listing them."""
-        diffs = resume_differences(saved_config(self.payload), cfg, self.payload.get("data") if rec else None,
+        diffs = resume_differences(self.config, cfg, self.payload.get("data") if rec else None,
                                    data_fingerprint(rec) if rec else None, old_world=self.world_size,
                                    world=world)
         if diffs:
@@ -265,41 +227,3 @@ class Resume:
         state.stop_reason = "target" if ts.get("stop_reason") == "target" else ""
         if rank > 0:  # the checkpoint holds rank 0's RNG; the others take a fresh stream
             torch.manual_seed(rank_seed(seed, rank, state.step))
-
-
-MAX_METRICS_LINE = 1 << 20  # bytes of one metrics record; a longer line is not one of ours
-
-
-def _metrics_lines(f) -> Iterator[bytes]:
-    """The lines of an open metrics file, each at most ``MAX_METRICS_LINE`` bytes read at once;
-    a longer one (a torn or foreign line, a sparse file of zeros) is skipped piece by piece."""
-    while True:
-        line = f.readline(MAX_METRICS_LINE)
-        if not line:
-            return
-        if not line.endswith(b"\n") and len(line) >= MAX_METRICS_LINE:
-            while line and not line.endswith(b"\n"):  # the rest of the over-long line
-                line = f.readline(MAX_METRICS_LINE)
-            continue
-        yield line
-
-
-def truncate_metrics(path: Path, step: int) -> None:
-    """Drop records after ``step`` (logged by the interrupted process after its last
-    checkpoint; the resumed run logs them again) and any torn last line. Read line by line
-    (bounded memory); a metrics file that is not a regular file (a FIFO would block the run's
-    logger forever) is an error."""
-    if not os.path.lexists(path):
-        return
-    with open_regular(path) as f:
-        def write(out) -> None:
-            for line in _metrics_lines(f):
-                try:
-                    rec = json.loads(line)
-                except (ValueError, RecursionError):
-                    continue
-                if isinstance(rec, dict) and isinstance(rec.get("step", 0), (int, float)) \
-                        and rec.get("step", 0) <= step:
-                    out.write(line.rstrip(b"\r\n") + b"\n")
-
-        atomic_write(path, write)

@@ -1,40 +1,44 @@
-"""Building a training run: the configuration, the run directory, the data, the model, the
-optimizer and the observers; everything ``training.loop.fit`` needs before its first step.
+"""Building a training run: the run directory, the data, the model, the optimizer, the
+observers and hooks; everything ``training.loop`` needs before its first step (:func:`start`).
 
-The resolved ``TrainConfig`` is never changed here: what is decided at run time (the batch
-size of ``--batch-size auto``, the run directory, the device and precision) lives in
-:class:`Run`; ``Run.cfg`` is the configuration the run really uses (a new object, built once
-with ``dataclasses.replace``), the one saved as ``config.toml``.
+The resolved ``TrainConfig`` is never changed: what is decided at run time (the batch size of
+``--batch-size auto``, the run directory, the device and precision) lives in :class:`Run`;
+``Run.cfg`` is the configuration the run really uses (a new object, built with
+``dataclasses.replace``), the one saved as ``config.toml``.
 """
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 import os
 import random
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
 
-from mnistflow.artifacts.rundir import CONFIG, RunBusy, RunDir, RunLock
+from mnistflow.artifacts import checkpoint
+from mnistflow.artifacts.model_info import ModelInfo, info_from_records
+from mnistflow.artifacts.rundir import RunDir
+from mnistflow.artifacts.runlog import truncate_metrics
 from mnistflow.core import openmp
 from mnistflow.core.errors import MnistflowError, display
 from mnistflow.core.log import note, warn
 from mnistflow.data.augment import resolve_policy
 from mnistflow.data.loader import StreamLoader, make_loader
 from mnistflow.data.normalize import normalize
+from mnistflow.data.prepare import prepare
 from mnistflow.data.records import Records, open_records
 from mnistflow.models import create_model
 from mnistflow.models.ensemble import nets
 from mnistflow.models.registry import check_trainable
 from mnistflow.runtime import dist
+from mnistflow.runtime.compat import set_recompile_logs
 from mnistflow.runtime.cpu import (
     busy_cores_elsewhere,
-    cpu_has_fast_bf16,
     default_threads,
     env_threads,
     flush_denormals,
@@ -47,83 +51,21 @@ from mnistflow.runtime.cpu import (
 from mnistflow.runtime.device import Amp, limit_gpu_memory, pick_precision
 from mnistflow.training import config as configmod
 from mnistflow.training import resume as resumemod
+from mnistflow.training.checkpointing import Saver, Signals
+from mnistflow.training.claim import claim_run_dir
 from mnistflow.training.config import TrainConfig
-from mnistflow.training.observe.memory import (
-    MemoryWatch,
-    check_fits,
-    estimate_training_mb,
-)
+from mnistflow.training.engine import GraphedStep, TrainState, graph_blocker, train_step
+from mnistflow.training.hooks import Hooks
+from mnistflow.training.observe.console import ConsoleLogger
+from mnistflow.training.observe.finalize import FinalizeGuard
+from mnistflow.training.observe.memory import MemoryWatch, check_fits, estimate_training_mb
 from mnistflow.training.observe.metrics import MetricsFile
 from mnistflow.training.observe.starvation import StarvationWatch
 from mnistflow.training.observe.tensorboard import TensorBoardLogger
-from mnistflow.training.optim import build_optimizer, net_parameters
-
-if TYPE_CHECKING:
-    from mnistflow.training.observe.console import ConsoleLogger
+from mnistflow.training.optim import build_optimizer, lr_factor, net_parameters
+from mnistflow.training.resume import data_fingerprint
 
 WHITEN_IMAGES = 1000
-
-
-def resolve_config(config: str | os.PathLike | None = None, **overrides) -> TrainConfig:
-    """The configuration of ``mnistflow train [--config FILE] --flag value ...``: defaults <
-    recipe < file < flags. With ``resume``, the checkpoint's configuration is the base that
-    the recipe, the file and the flags given override (and ``resume`` names that checkpoint)."""
-    from mnistflow.data.prepare import known_name, policy_of
-    from mnistflow.training.recipes import FOR_DATA, for_data, get_recipe, pick_for_target
-
-    if config is not None and not isinstance(config, (str, os.PathLike)):
-        raise MnistflowError(f"config is the path of a TOML file (e.g. RUN/{CONFIG}); got a "
-                             f"{type(config).__name__}: give settings as keyword arguments (epochs=2)")
-    file = configmod.load_toml(config) if config else None
-    recipe_name = overrides.get("recipe") or (file or {}).get("recipe")
-    given = {k: overrides.get(k) if overrides.get(k) is not None else (file or {}).get(k)
-             for k in ("dataset", "data", "model", "target_acc", "target_split", "resume", "device")}
-    if recipe_name is None and given["target_acc"] is not None and not given["model"] and not given["resume"]:
-        # the cheapest recipe known to reach the target on this dataset (an error if none is)
-        configmod.check_value("target_acc", given["target_acc"])
-        device = str(given["device"] or "auto")
-        gpu = device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
-        machine = "gpu" if gpu else "cpu-bf16" if cpu_has_fast_bf16() else "cpu"
-        recipe_name, why = pick_for_target(given["target_acc"], known_name(given["dataset"], given["data"]), machine)
-        overrides["recipe"] = recipe_name
-        chosen = get_recipe(recipe_name)
-        # the recipe as the file and the flags given change it: does the run validate?
-        planned = {**chosen, **{k: v for d in (file or {}, overrides) for k, v in d.items() if v is not None}}
-        if not given["target_split"] and (planned.get("train_on") == "train+val"
-                                          or planned.get("validate") is False):
-            overrides["target_split"] = "test"  # no validation pass: the final test pass judges it
-        if dist.env_info().is_primary and not (overrides.get("quiet") or overrides.get("json")):
-            note(why)
-    recipe = get_recipe(recipe_name) if recipe_name else None
-    for k in ("data", "run_dir", "resume", "init_from"):
-        if isinstance(overrides.get(k), os.PathLike):
-            overrides[k] = str(overrides[k])
-    if recipe is not None and FOR_DATA.get(recipe_name):  # the recipe's choices for this data
-        kind = policy_of(given["dataset"], given["data"])
-        recipe.update(for_data(recipe_name, kind) if kind else {})
-    if overrides.get("resume") is True:
-        overrides["resume"] = "latest"
-    resume = overrides.get("resume") or (file or {}).get("resume")
-    if resume:
-        # the run's own quiet is not known before its config is: only an explicit one silences
-        # what is said here (corrupt checkpoints skipped on the way to the newest valid one)
-        quiet = bool(overrides.get("quiet", (file or {}).get("quiet")) or overrides.get("json"))
-        path, rd = resumemod.locate_resume(resume, overrides.get("run_dir") or (file or {}).get("run_dir"),
-                                           quiet=quiet)
-        overrides["run_dir"] = overrides.get("run_dir") or str(rd)
-        # the run's own thread count (the bits depend on it), unless one is chosen now
-        keep_threads = env_threads() is None and all((d or {}).get("threads") is None for d in (file, overrides))
-        known = configmod.field_names()
-        if path is not None:
-            given = any((d or {}).get("batch_size") is not None for d in (recipe, file, overrides))
-            base = resumemod.config_base(path, given, known, keep_threads=keep_threads)
-            recipe = {**base, **(recipe or {})}
-            overrides["resume"] = str(path)  # fit continues from this one, not a newer one since
-        else:  # killed before its first checkpoint: that run again, from its own config.toml
-            own = resumemod.restart_config(rd)
-            if own is not None:
-                recipe = {**resumemod.restart_base(own, known, keep_threads=keep_threads), **(recipe or {})}
-    return configmod.resolve(recipe, file, overrides)
 
 
 def seed_everything(seed: int) -> None:
@@ -132,102 +74,44 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def default_run_dir(cfg: TrainConfig) -> Path:
-    name = (cfg.recipe or cfg.model).replace("/", "_").replace(":", "_")
-    if "," in name:
-        name = "spec"
-    return Path("runs") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
-
-
-MAX_DEFAULT_RUNS = 100  # runs/<name>-<time>-N: runs started in the same second
-
-
-def _own(held: contextlib.ExitStack, run_dir: Path, new_run: bool) -> None:
-    """Take the run directory for this training (its lock, released when ``held`` closes; then,
-    for a new run that failed before it recorded a step, what it wrote is removed: ``RunLock``)."""
-    held.enter_context(RunLock(run_dir, new_run=new_run))
-
-
-def _new_default_run(cfg: TrainConfig, held: contextlib.ExitStack) -> Path:
-    """``runs/<name>-<time>``, or ``-2``, ``-3``... when another training took that name."""
-    base = default_run_dir(cfg)
-    for i in range(1, MAX_DEFAULT_RUNS + 1):
-        run_dir = base if i == 1 else base.with_name(f"{base.name}-{i}")
-        lock = RunLock(run_dir, new_run=True)
-        try:
-            lock.acquire()
-        except RunBusy:
-            continue
-        if not RunDir(run_dir).run_files():
-            held.push(lock)  # its __exit__: released (and discarded on a failure) when ``held`` closes
-            return run_dir
-        lock.release()
-    raise MnistflowError(f"{MAX_DEFAULT_RUNS} runs named {base.name} exist already: pick a --run-dir",
-                         base.parent)
-
-
-def decide_run(cfg: TrainConfig, info: dist.DistInfo, held: contextlib.ExitStack) -> tuple[Path | None, Path]:
-    """(checkpoint to resume from, run directory): decided by rank 0 and broadcast, so every
-    rank uses the same ones (a default run name holds the time of day).
-
-    Rank 0 owns the run directory from here (``RunLock``, before anything is written there)
-    until ``held`` closes: another training on it fails at once. A new run never goes into a
-    directory that holds one (that needs ``--resume``), and one that fails before it recorded a
-    step leaves the directory as it was (``RunLock(new_run=True)``)."""
-    decision = None
-    if info.is_primary:
-        try:
-            if cfg.resume:
-                if cfg.run_dir:
-                    _own(held, Path(cfg.run_dir), new_run=False)
-                resume_path, run_dir = resumemod.locate_resume(cfg.resume, cfg.run_dir)
-                if not cfg.run_dir:
-                    _own(held, run_dir, new_run=False)
-                if resume_path is not None:
-                    of = RunDir.of_checkpoint(resume_path)
-                    if of is None or of.path.resolve() != Path(run_dir).resolve():
-                        RunDir(run_dir).refuse_new_run()  # another run's checkpoint starts a run of its own here
-                    else:
-                        resumemod.check_same_run(resume_path, run_dir)  # not one copied in from another
-                else:
-                    own = resumemod.restart_config(run_dir)
-                    note(f"no checkpoint in {display(run_dir)}; "
-                         + ("restarting it from step 0 with its " + CONFIG if own else "starting from step 0"))
-            elif cfg.run_dir:
-                resume_path, run_dir = None, Path(cfg.run_dir)
-                _own(held, run_dir, new_run=True)
-                RunDir(run_dir).refuse_new_run()
-            else:
-                resume_path, run_dir = None, _new_default_run(cfg, held)
-            decision = ("ok", None if resume_path is None else str(resume_path), str(run_dir))
-        except MnistflowError as e:
-            dist.broadcast_object(("error", e.detail, e.path))  # the other ranks stop with the same error
-            raise
-    status, a, b = dist.broadcast_object(decision)
-    if status == "error":
-        raise MnistflowError(a, b)
-    return (None if a is None else Path(a)), Path(b)
-
-
-@dataclass
+@dataclass(kw_only=True)
 class Run:
-    """Everything ``fit`` wires together, decided once before the first step."""
+    """Everything the loop uses, decided once before the first step (``start`` builds it)."""
 
     cfg: TrainConfig  # as the run uses it (``--batch-size auto`` resolved): config.toml
     rec: Records
     device: torch.device
     precision: str
+    amp: Amp
     model: torch.nn.Module  # what trains (DDP / torch.compile wrapped)
     raw_model: torch.nn.Module  # the plain module: evaluation, checkpoints, the model file
     optimizer: torch.optim.Optimizer
     train_loader: object
     val_loader: object | None
     test_loader: object | None
-    amp: Amp
     dir: RunDir
-    info: dist.DistInfo = field(default_factory=dist.DistInfo)
+    info: dist.DistInfo
     resume: resumemod.Resume | None = None
     model_factory: dict | None = None  # {"factory": "pkg.mod:name", "kwargs": {...}} of a user's model
+    loss_fn: Callable | None = None  # a user's loss (logits, targets) -> scalar; None: cross-entropy
+    # the loop's parts, wired by ``start``
+    steps_per_epoch: int = 0  # the same on every rank, and for any world size
+    total: int = 0  # steps of the whole run
+    state: TrainState = field(default_factory=TrainState)
+    console: ConsoleLogger | None = None
+    observers: Observers | None = None
+    hooks: Hooks | None = None
+    guard: FinalizeGuard | None = None
+    saver: Saver | None = None  # None: checkpoints off, or not rank 0
+    signals: Signals | None = None
+    step_fn: Callable = train_step
+
+    def lr_at(self, step: int) -> float:
+        """The learning rate of ``step``: a pure function of the step (resuming needs only it)."""
+        cfg = self.cfg
+        return cfg.lr * lr_factor(step, self.total, cfg.schedule, warmup=cfg.warmup,
+                                  steps_per_epoch=self.steps_per_epoch, step_every=cfg.step_every,
+                                  gamma=cfg.step_gamma)
 
 
 def _threads_for_a_shared_machine() -> int | None:
@@ -304,19 +188,19 @@ def _resolve_augment(cfg: TrainConfig, rec: Records, info: dist.DistInfo,
     if cfg.augment != "auto":
         return cfg
     if resume is not None:
-        return dataclasses.replace(cfg, augment=resumemod.saved_config(resume.payload).get("augment") or "off")
+        return dataclasses.replace(cfg, augment=resume.config.get("augment") or "off")
     policy, why = resolve_policy("auto", rec.name)
     if why and info.is_primary:
         note(why)
     return dataclasses.replace(cfg, augment=policy)
 
 
-def _preflight_memory(cfg: TrainConfig, rec: Records, model: torch.nn.Module, in_shape) -> None:
+def _preflight_memory(cfg: TrainConfig, rec: Records, model: torch.nn.Module) -> None:
     """Refuse, before any work, a setting whose memory estimate would make the machine swap."""
     splits = [rec.split(s)[0] for s in ("train", "val", "test") if rec.has(s)]
     data_bytes = 0 if cfg.resident == "no" else sum(a.nbytes for a in splits) * (1 + rec.variants)
     opt_states = {"adam": 2, "adamw": 2, "adadelta": 2, "momentum": 1, "rmsprop": 1, "adagrad": 1}
-    est = estimate_training_mb(model, in_shape, cfg.batch_size, data_bytes,
+    est = estimate_training_mb(model, rec.in_shape, cfg.batch_size, data_bytes,
                                opt_states.get(cfg.optimizer, 0))
     check_fits(est, cfg.memory_cap_mb, f"--batch-size {cfg.batch_size} with model {cfg.model}")
 
@@ -328,6 +212,50 @@ def build_run(cfg: TrainConfig, run_dir: Path, device: torch.device, info: dist.
     ready module to train instead of ``create_model(cfg.model)``."""
     cfg = dataclasses.replace(cfg, data=_absolute_data(cfg),  # config.toml works from any directory
                               run_dir=None if cfg.run_dir is None else os.path.abspath(run_dir))
+    _machine(cfg, device, info, resume)
+    precision = pick_precision(cfg.precision, device)
+    with dist.local_rank_zero_first(info):  # one process per machine prepares the cache
+        rec = open_records(prepare(cfg.dataset, cfg.data, quiet=cfg.quiet or cfg.json))
+    configmod.check_target_split(cfg, rec.has, rec.path)
+    n_train = rec.size(cfg.train_on)
+    if cfg.batch_size != "auto" and cfg.batch_size > n_train:
+        raise MnistflowError(f"--batch-size {cfg.batch_size} is larger than the training set "
+                             f"({n_train:,} images)", rec.path)
+    raw_model = _model(cfg, rec, device, info, model)
+    if cfg.batch_size == "auto":
+        cfg = _auto_batch(cfg, raw_model, rec, device, info, precision)
+    cfg = _resolve_augment(cfg, rec, info, resume)
+    _preflight_memory(cfg, rec, raw_model)
+    optimizer = build_optimizer(cfg.optimizer, net_parameters(raw_model), cfg.lr, momentum=cfg.momentum,
+                                nesterov=cfg.nesterov, weight_decay=cfg.weight_decay,
+                                muon_lr=cfg.muon_lr, muon_momentum=cfg.muon_momentum,
+                                bf16_products=precision == "bf16")
+    model = raw_model
+    if info.enabled:  # averages the gradients; broadcasts rank 0's parameters first
+        from torch.nn.parallel import DistributedDataParallel
+
+        model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+    if cfg.compile:
+        set_recompile_logs()  # a recompilation is reported with its reason
+        model = torch.compile(model)
+    train_loader, val_loader, test_loader = _loaders(cfg, rec, device, info)
+    if resume is not None:
+        resume.check(cfg, info.world_size, rec)
+    if info.is_primary:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        configmod.save_toml(cfg, RunDir(run_dir).config)
+    steps_per_epoch = len(train_loader)
+    total = max(1, math.ceil(cfg.epochs * steps_per_epoch))
+    return Run(cfg=cfg, rec=rec, device=device, precision=precision, amp=Amp.create(precision, device),
+               model=model, raw_model=raw_model, optimizer=optimizer, train_loader=train_loader,
+               val_loader=val_loader, test_loader=test_loader, dir=RunDir(run_dir), info=info,
+               resume=resume, model_factory=model_factory, steps_per_epoch=steps_per_epoch,
+               total=min(total, cfg.max_steps) if cfg.max_steps else total)
+
+
+def _machine(cfg: TrainConfig, device: torch.device, info: dist.DistInfo,
+             resume: resumemod.Resume | None) -> None:
+    """This process's threads, GPU memory cap, allocator and denormals, as the run asks."""
     threads = cfg.threads or (_threads_for_a_shared_machine() if device.type == "cpu" else 2)
     set_threads(threads)
     if resume is not None and info.is_primary:
@@ -336,75 +264,162 @@ def build_run(cfg: TrainConfig, run_dir: Path, device: torch.device, info: dist.
     if device.type == "cpu":
         tune_malloc()
         flush_denormals()
-    precision = pick_precision(cfg.precision, device)
-    with dist.local_rank_zero_first(info):  # one process per machine prepares the cache
-        from mnistflow.data.prepare import prepare
 
-        rec = open_records(prepare(cfg.dataset, cfg.data, quiet=cfg.quiet or cfg.json))
-    configmod.check_target_split(cfg, rec.has, rec.path)
-    h, w, c = rec.shape
-    n_train = rec.size(cfg.train_on)
-    if cfg.batch_size != "auto" and cfg.batch_size > n_train:
-        raise MnistflowError(f"--batch-size {cfg.batch_size} is larger than the training set "
-                             f"({n_train:,} images)", rec.path)
+
+def _model(cfg: TrainConfig, rec: Records, device: torch.device, info: dist.DistInfo,
+           model: torch.nn.Module | None) -> torch.nn.Module:
+    """The model to train, on ``device``, checked against the data's shape and classes."""
     seed_everything(cfg.seed)
     name = cfg.model if model is None else type(model).__name__  # (a ready module's label is a path)
     if model is None:
-        model = create_model(cfg.model, (c, h, w), rec.num_classes)  # the same on every rank
+        model = create_model(cfg.model, rec.in_shape, rec.num_classes)  # the same on every rank
     if info.rank > 0:
         torch.manual_seed(resumemod.rank_seed(cfg.seed, info.rank))
     memfmt = torch.channels_last if cfg.channels_last else torch.contiguous_format
     model = model.to(device=device, memory_format=memfmt)
-    check_input(model, (c, h, w), rec.num_classes, device)
+    check_input(model, rec.in_shape, rec.num_classes, device)
     check_trainable(model, name)  # (after the shapes: a wrong output says more)
     if cfg.sync_bn and info.enabled:
         model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
-    raw_model = model
-    if cfg.batch_size == "auto":
-        from mnistflow.training.autobatch import choose_batch_size
-
-        choice = choose_batch_size(model, cfg, (c, h, w), rec.num_classes, device, precision, n_train) \
-            if info.is_primary else None
-        batch, why = dist.broadcast_object(choice)  # every rank trains with rank 0's choice
-        cfg = dataclasses.replace(cfg, batch_size=batch)
-        if info.is_primary and not cfg.quiet:
-            print(f"batch size auto: {batch} ({why})")
-    cfg = _resolve_augment(cfg, rec, info, resume)
     if cfg.whiten:  # a model it cannot whiten fails here, before any work
         from mnistflow.models.whiten import first_conv
 
         first_conv(model, cfg.model)
-    _preflight_memory(cfg, rec, model, (c, h, w))
-    optimizer = build_optimizer(cfg.optimizer, net_parameters(model), cfg.lr, momentum=cfg.momentum,
-                                nesterov=cfg.nesterov, weight_decay=cfg.weight_decay,
-                                muon_lr=cfg.muon_lr, muon_momentum=cfg.muon_momentum,
-                                bf16_products=precision == "bf16")
-    if info.enabled:  # averages the gradients; broadcasts rank 0's parameters first
-        from torch.nn.parallel import DistributedDataParallel
+    return model
 
-        model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
-    drop_last = cfg.drop_last
-    if cfg.compile:
-        torch._logging.set_logs(recompiles=True)  # a recompilation is reported with its reason
-        model = torch.compile(model)
-        drop_last = True  # a short last batch would recompile
-    delay = configmod.data_delay()  # tests: a slow reader
-    common = dict(device=device, channels_last=cfg.channels_last, resident="no" if delay else cfg.resident,
-                  rank=info.rank, world_size=info.world_size)
-    train_loader = make_loader(rec, cfg.train_on, batch_size=cfg.batch_size, seed=cfg.seed,
-                               drop_last=drop_last, augment=cfg.augment, delay_s=delay, **common)
-    # evaluation shards count every image once (no padding); the sums are all-reduced
-    val_loader = (make_loader(rec, "val", batch_size=cfg.eval_batch_size, train=False, pad=False, **common)
-                  if rec.has("val") and cfg.train_on == "train" else None)  # never score training images
-    test_loader = (make_loader(rec, "test", batch_size=cfg.eval_batch_size, train=False, pad=False, **common)
-                   if rec.has("test") else None)
-    if resume is not None:
-        resume.check(cfg, info.world_size, rec)
+
+def _auto_batch(cfg: TrainConfig, model: torch.nn.Module, rec: Records, device: torch.device,
+                info: dist.DistInfo, precision: str) -> TrainConfig:
+    """``--batch-size auto``: rank 0's choice, for every rank."""
+    from mnistflow.training.autobatch import choose_batch_size
+
+    choice = choose_batch_size(model, cfg, rec.in_shape, rec.num_classes, device, precision,
+                               rec.size(cfg.train_on)) if info.is_primary else None
+    batch, why = dist.broadcast_object(choice)
     if info.is_primary:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        configmod.save_toml(cfg, RunDir(run_dir).config)
-    return Run(cfg, rec, device, precision, model, raw_model, optimizer, train_loader, val_loader,
-               test_loader, Amp.create(precision, device), RunDir(run_dir), info, resume, model_factory)
+        note(f"batch size auto: {batch} ({why})")
+    return dataclasses.replace(cfg, batch_size=batch)
+
+
+def _loaders(cfg: TrainConfig, rec: Records, device: torch.device, info: dist.DistInfo) -> tuple:
+    """(train, val or None, test or None) loaders; evaluation shards count every image once (no
+    padding; the sums are all-reduced), and validation never scores training images."""
+    common = dict(device=device, channels_last=cfg.channels_last, resident=cfg.resident,
+                  rank=info.rank, world_size=info.world_size)
+    train = make_loader(rec, cfg.train_on, batch_size=cfg.batch_size, seed=cfg.seed,
+                        drop_last=cfg.drop_last or cfg.compile,  # compiled: a short batch would recompile
+                        augment=cfg.augment, **common)
+    val = (make_loader(rec, "val", batch_size=cfg.eval_batch_size, train=False, pad=False, **common)
+           if rec.has("val") and cfg.train_on == "train" else None)
+    test = (make_loader(rec, "test", batch_size=cfg.eval_batch_size, train=False, pad=False, **common)
+            if rec.has("test") else None)
+    return train, val, test
+
+
+def start(cfg: TrainConfig, device: torch.device, info: dist.DistInfo, held: contextlib.ExitStack, *,
+          resume: resumemod.Resume | None = None, model: torch.nn.Module | None = None,
+          model_factory: dict | None = None, callbacks: Sequence = (), loss_fn: Callable | None = None) -> Run:
+    """The run, ready for its first step: its directory (owned until ``held`` closes), the
+    checkpoint it continues from, data, model and optimizer (:func:`build_run`), the observers,
+    hooks, saver and signals; then the start-up work outside the timer (``--init-from``, the
+    warm-up, the restore of a checkpoint)."""
+    resume, run_dir = claim_run_dir(cfg, info, held, resume)
+    if resume is not None:
+        resume.check(cfg, info.world_size)
+    run = build_run(cfg, run_dir, device, info, resume, model, model_factory)
+    cfg, primary = run.cfg, info.is_primary
+    run.loss_fn = loss_fn
+    run.state.total_steps = run.total
+    resume_step = (resume.step if resume is not None else 0) if cfg.resume else None
+    if resume_step is not None and primary:
+        truncate_metrics(run.dir.metrics, resume_step)
+    run.console = ConsoleLogger(run.total, quiet=cfg.quiet or not primary)
+    run.observers = obs = rank_zero_observers(run, run.console, resume_step)
+    held.callback(obs.close)  # on a failure too, before the lock's release reads what they wrote
+    run.guard = FinalizeGuard(run.raw_model)
+    # the printing observers, the user's callbacks, then the writers (which so record what they return)
+    run.hooks = Hooks([*obs.first, run.guard, *callbacks, *obs.writers])
+    catch = cfg.keep_checkpoints > 0  # without checkpoints there is nothing to save on a signal
+    run.signals = Signals(info, catch, quiet=not primary)
+    if catch and primary:
+        run.saver = Saver(checkpoint.CheckpointDir(run.dir.checkpoints, cfg.keep_checkpoints),
+                          lambda: payload(run), "val" if run.val_loader is not None else "test")
+    run.step_fn = _step_fn(run)
+    for line in headline(run):
+        run.console.message(line)
+    if cfg.init_from and resume is None:
+        run.console.message(init_from(run))
+    warm_up(run)
+    if resume is not None:
+        _restore(run, resume)
+    return run
+
+
+def _step_fn(run: Run) -> Callable:
+    """The training step: replayed as a CUDA graph where ``--cuda-graphs auto`` and the run allow it."""
+    cfg = run.cfg
+    if cfg.cuda_graphs != "auto":
+        return train_step
+    blocker = graph_blocker(run.device, run.info.world_size, cfg.optimizer, run.precision, cfg.compile,
+                            run.observers.profiler is not None)
+    if blocker is None:
+        return GraphedStep()
+    if run.device.type == "cuda":
+        note(f"--cuda-graphs auto: stepping eagerly ({blocker})")
+    return train_step
+
+
+def _restore(run: Run, resume: resumemod.Resume) -> None:
+    """Continue from ``resume``: the states loaded strictly, and checkpoints newer than its step
+    (saved by the interrupted process after it) moved aside."""
+    info, state = run.info, run.state
+    resume.restore(run.raw_model, run.optimizer, run.amp.scaler, state, run.cfg.seed, info.rank)
+    run.console.message(f"resumed from {display(resume.path)}: step {state.step}, epoch {state.epoch} "
+                        f"+ {state.step_in_epoch} batches"
+                        + (f" (saved by {resume.world_size} process(es), continued by {info.world_size})"
+                           if resume.world_size != info.world_size else ""))
+    if run.saver is not None:
+        moved = run.saver.ckpts.supersede_after(state.step)
+        if moved:
+            run.console.message(f"moved {len(moved)} checkpoint(s) newer than step {state.step} to "
+                                f"{display(moved[0].parent)}")
+
+
+def headline(run: Run) -> list[str]:
+    """What the run is about to do (the console's first lines)."""
+    cfg, info = run.cfg, run.info
+    lines = [f"training {cfg.model} on {run.rec.name} {cfg.train_on} ({run.rec.size(cfg.train_on):,} images, "
+             f"{run.rec.num_classes} classes) | {run.device} {run.precision}"
+             f"{' channels_last' if cfg.channels_last else ''} threads={torch.get_num_threads()} | "
+             f"batch {cfg.batch_size * info.world_size} x {run.total} steps | {run.dir.path}"]
+    if info.enabled:
+        lines.append(f"data parallel: {info.world_size} processes ({info.backend}), batch "
+                     f"{cfg.batch_size} per process x {info.world_size} = global batch "
+                     f"{cfg.batch_size * info.world_size}")
+    return lines
+
+
+def model_info(run: Run) -> ModelInfo:
+    """What the model file records of this run: the model, the data, the latest evaluations."""
+    info = info_from_records(run.cfg.model, run.rec, dict(run.state.metrics))
+    if run.model_factory:
+        info = dataclasses.replace(info, factory=run.model_factory["factory"],
+                                   factory_kwargs=dict(run.model_factory.get("kwargs") or {}))
+    return info
+
+
+def payload(run: Run) -> dict:
+    """Everything to continue from this step (``artifacts.checkpoint`` writes it)."""
+    state = run.state
+    ts = {"step": state.step, "epoch": state.epoch, "step_in_epoch": state.step_in_epoch,
+          "samples": state.samples, "stop_reason": state.stop_reason, "metrics": dict(state.metrics),
+          "world_size": run.info.world_size, "threads": torch.get_num_threads()}
+    return checkpoint.capture(
+        run.raw_model, run.optimizer, run.amp.scaler, ts,
+        configmod.to_dict(dataclasses.replace(run.cfg, resume=None)),
+        scheduler={"schedule": run.cfg.schedule, "step": state.step, "total_steps": state.total_steps,
+                   "lr": run.lr_at(state.step), "note": "the learning rate is a pure function of the step"},
+        data=data_fingerprint(run.rec), model_info=dataclasses.asdict(model_info(run)))
 
 
 @dataclass
@@ -493,3 +508,42 @@ def init_from(run: Run) -> str:
                                  f"(its names: {names})", p)
         raise MnistflowError(f"no parameter of the model was restored ({report.problems()})", p)
     return report.format()
+
+
+def check_run_inputs(cfg: TrainConfig, *, check_model: bool = True) -> None:
+    """What a ``TrainConfig`` cannot check by itself, before any work: the model (a registered
+    name or a valid spec; ``check_model=False`` for a user's own module), the device, the
+    ``--init-from`` file, ``--profile-steps``, and the environment variables that stand in for
+    settings ($MNISTFLOW_THREADS, $MNISTFLOW_KERNELS...)."""
+    from mnistflow.kernels import check_environment as check_kernels_environment
+    from mnistflow.models import get_entry
+    from mnistflow.models.spec import check_spec, looks_like_spec
+    from mnistflow.runtime.cpu import check_environment
+    from mnistflow.runtime.device import parse_device
+
+    if check_model:
+        if looks_like_spec(cfg.model):
+            check_spec(cfg.model)  # a zero or absurd kernel, stride or width: one line
+        else:
+            get_entry(cfg.model)  # unknown name: an error listing the known ones
+    parse_device(cfg.device)  # a PyTorch device mnistflow does not support (meta, xla...)
+    if cfg.init_from and not cfg.resume:  # (a resume does not read it: the checkpoint is the start)
+        _check_init_from(Path(cfg.init_from))
+    if cfg.profile_steps is not None:
+        from mnistflow.training.observe.profiler import parse_steps
+
+        parse_steps(cfg.profile_steps)
+    check_environment()
+    check_kernels_environment()
+
+
+def _check_init_from(p: Path) -> None:
+    """``--init-from``: an existing npz file (checked before the run directory is made)."""
+    if not p.exists():
+        raise MnistflowError("--init-from: does not exist", p)
+    if not p.is_file():
+        raise MnistflowError("--init-from: is a directory, not a file" if p.is_dir() else
+                             "--init-from: not a regular file", p)
+    if p.suffix.lower() != ".npz":
+        raise MnistflowError("--init-from takes an npz of name -> array "
+                             "(make one with: mnistflow export RUN --format npz)", p)

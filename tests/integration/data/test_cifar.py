@@ -12,8 +12,8 @@ import pytest
 
 from helpers.cli import assert_one_line_error, run_cli
 from mnistflow.data.formats.cifar import read_cifar10, safe_unpickle
-from mnistflow.data.datasets import KNOWN
-from mnistflow.data.sources import detect_format, read_source
+from mnistflow.data.known import KNOWN
+from mnistflow.data.formats import detect_format, read_source
 from mnistflow.core.errors import MnistflowError
 
 NAMES = list(KNOWN["cifar10"].class_names)

@@ -9,7 +9,7 @@ import pytest
 from helpers.cli import assert_one_line_error, run_cli
 from mnistflow.data.formats.csv import companion_files, read_csv
 from mnistflow.data.formats.idx import read_idx_pair
-from mnistflow.data.sources import detect_format
+from mnistflow.data.formats import detect_format
 from mnistflow.core.errors import MnistflowError
 
 

@@ -22,10 +22,8 @@ from helpers.cli import assert_one_line_error, run_cli
 
 from mnistflow.core import progress
 from mnistflow.core.errors import MnistflowError
-from mnistflow.data import download
-from mnistflow.data.datasets import KNOWN, RemoteFile
-from mnistflow.data.download import fetch_known
-from mnistflow.data.sources import locate_known, verify_known_files
+from mnistflow.data.known import KNOWN, RemoteFile, download, locate, verify
+from mnistflow.data.known.download import fetch
 
 MNIST = KNOWN["mnist"]
 _ENV = ("MNISTFLOW_MIRROR", "MNISTFLOW_MIRRORS", "MNISTFLOW_DOWNLOAD_RETRIES",
@@ -112,16 +110,16 @@ def test_downloads_real_mnist_and_verifies(tmp_path, serve, closed_port_url, mni
     monkeypatch.setenv("MNISTFLOW_MIRROR", url.rstrip("/"))  # tried first; slash optional
     ds = replace(MNIST, mirrors=(closed_port_url,))  # never the real internet mirrors
     dest = tmp_path / "raw" / "mnist"
-    assert fetch_known(ds, dest) == dest
+    assert fetch(ds, dest) == dest
     for f in ds.files:
         assert (dest / f.name).read_bytes() == (mnist_dir / f.name).read_bytes()
     # The shared train-images .gz is recompressed: accepted through the md5 of its content.
     assert _md5(dest / "train-images-idx3-ubyte.gz") != MNIST.files[0].md5
-    verify_known_files(ds, dest)
+    verify(ds, dest)
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 4 and all("downloaded" in ln and url in ln for ln in err)
     assert _leftovers(dest) == []
-    fetch_known(ds, dest)  # already there and verified: nothing fetched
+    fetch(ds, dest)  # already there and verified: nothing fetched
     assert capsys.readouterr().err == ""
 
 
@@ -130,9 +128,9 @@ def test_locate_known_downloads_into_cache(tmp_path, serve, closed_port_url, mni
     monkeypatch.delenv("MNISTFLOW_DATA", raising=False)
     monkeypatch.setenv("MNISTFLOW_MIRROR", serve(mnist_dir))
     ds = replace(MNIST, files=MNIST.files[2:], mirrors=(closed_port_url,))  # the t10k pair
-    folder = locate_known(ds)
+    folder = locate(ds)
     assert folder == tmp_path / "home" / "raw" / "mnist"
-    verify_known_files(ds, folder)
+    verify(ds, folder)
 
 
 def test_corrupt_mirror(tmp_path, serve, closed_port_url, mnist_dir, monkeypatch):
@@ -148,7 +146,7 @@ def test_corrupt_mirror(tmp_path, serve, closed_port_url, mnist_dir, monkeypatch
     ds = replace(MNIST, files=(MNIST.files[3],), mirrors=(closed_port_url,))
     dest = tmp_path / "dl" / "mnist"
     with pytest.raises(MnistflowError) as e:
-        fetch_known(ds, dest)
+        fetch(ds, dest)
     msg = str(e.value)
     assert msg.startswith(str(dest)) and "\n" not in msg
     assert url + name in msg and bad_md5 in msg and MNIST.files[3].md5 in msg
@@ -165,7 +163,7 @@ def test_good_files_are_kept_when_a_later_one_fails(tmp_path, serve, closed_port
     ds = replace(MNIST, files=(MNIST.files[3], MNIST.files[2]), mirrors=(closed_port_url,))
     dest = tmp_path / "dl"
     with pytest.raises(MnistflowError, match="t10k-images-idx3-ubyte.gz"):
-        fetch_known(ds, dest)
+        fetch(ds, dest)
     assert sorted(p.name for p in dest.iterdir()) == ["t10k-labels-idx1-ubyte.gz"]
 
 
@@ -175,7 +173,7 @@ def test_dropped_connection(tmp_path, serve, closed_port_url, monkeypatch):
     ds = replace(MNIST, files=(MNIST.files[3],), mirrors=(closed_port_url,))
     dest = tmp_path / "dl"
     with pytest.raises(MnistflowError) as e:
-        fetch_known(ds, dest)
+        fetch(ds, dest)
     msg = str(e.value)
     assert url + "t10k-labels-idx1-ubyte.gz: connection dropped at 0.0 MB of 0.1 MB (4 tries)" in msg
     # The server ignores Range: every try starts over, and only the first one made progress.
@@ -190,7 +188,7 @@ def test_404_then_good_mirror(tmp_path, serve, mnist_dir, monkeypatch):
     empty.mkdir()
     monkeypatch.setenv("MNISTFLOW_MIRROR", serve(empty))
     ds = replace(MNIST, files=(MNIST.files[3],), mirrors=(serve(mnist_dir),))
-    dest = fetch_known(ds, tmp_path / "dl")
+    dest = fetch(ds, tmp_path / "dl")
     assert _md5(dest / MNIST.files[3].name) == MNIST.files[3].md5
 
 
@@ -199,7 +197,7 @@ def test_offline_is_one_clear_line(tmp_path, closed_port_url, monkeypatch, capsy
     ds = replace(MNIST, mirrors=(closed_port_url,))
     dest = tmp_path / "cache" / "raw" / "mnist"
     with pytest.raises(MnistflowError) as e:
-        fetch_known(ds, dest)
+        fetch(ds, dest)
     msg = str(e.value)
     assert "\n" not in msg and msg.startswith(str(dest) + ":")
     for f in ds.files:
@@ -217,7 +215,7 @@ def test_silent_server_times_out(tmp_path, monkeypatch):
         url = f"http://127.0.0.1:{s.getsockname()[1]}/"
         ds = replace(MNIST, files=(MNIST.files[3],), mirrors=(url,))
         with pytest.raises(MnistflowError, match=r"unreachable: no answer within 0.3 s \(3 tries\)"):
-            fetch_known(ds, tmp_path / "dl")
+            fetch(ds, tmp_path / "dl")
     finally:
         s.close()
     assert not (tmp_path / "dl").exists()
@@ -329,7 +327,7 @@ def _check(dest):
 
 def test_dropped_connection_resumes_with_range(tmp_path, mirror, sleeps):
     url, srv = mirror(FILES, drops=1, drop_at=50_000)
-    dest = fetch_known(_toy(url), tmp_path / "dl")
+    dest = fetch(_toy(url), tmp_path / "dl")
     _check(dest)
     assert srv.requests == [("a.bin", None), ("a.bin", "bytes=50000-"), ("b.bin", None)]
     assert sleeps == []  # progress was made: retried at once, not counted as a failure
@@ -337,7 +335,7 @@ def test_dropped_connection_resumes_with_range(tmp_path, mirror, sleeps):
 
 def test_range_refused_starts_over(tmp_path, mirror, sleeps):
     url, srv = mirror(FILES, drops=1, drop_at=50_000, ranges=False)
-    dest = fetch_known(_toy(url), tmp_path / "dl")
+    dest = fetch(_toy(url), tmp_path / "dl")
     _check(dest)  # the whole file again after the 200, not the old 50,000 bytes + all of it
     assert srv.requests == [("a.bin", None), ("a.bin", "bytes=50000-"), ("b.bin", None)]
 
@@ -348,7 +346,7 @@ def test_part_left_by_an_earlier_run_is_resumed(tmp_path, mirror):
     dest.mkdir()
     (dest / "a.bin.part").write_bytes(A[:123_456])  # a run killed mid-file
     (dest / "b.bin.part").write_bytes(b"x" * 1000)  # a part of some other file: wrong bytes
-    _check(fetch_known(_toy(url), dest))
+    _check(fetch(_toy(url), dest))
     # a.bin: only the rest asked for; b.bin: resumed, wrong md5, so fetched whole again.
     assert srv.requests == [("a.bin", "bytes=123456-"), ("b.bin", "bytes=1000-"), ("b.bin", None)]
 
@@ -358,7 +356,7 @@ def test_whole_part_answered_416_is_verified(tmp_path, mirror):
     dest = tmp_path / "dl"
     dest.mkdir()
     (dest / "a.bin.part").write_bytes(A)  # complete, killed before the rename
-    _check(fetch_known(_toy(url), dest))
+    _check(fetch(_toy(url), dest))
     assert srv.requests == [("a.bin", "bytes=200000-"), ("b.bin", None)]
 
 
@@ -366,7 +364,7 @@ def test_slow_mirror_under_the_timeout_is_waited_for(tmp_path, mirror, monkeypat
     monkeypatch.setattr(download, "TIMEOUT", 0.5)
     monkeypatch.setattr(download, "HEARTBEAT", 0.0)  # a progress line at every chance
     url, srv = mirror(FILES, trickle=(20_000, 0.03))
-    _check(fetch_known(_toy(url), tmp_path / "dl"))
+    _check(fetch(_toy(url), tmp_path / "dl"))
     assert [r[1] for r in srv.requests] == [None, None]  # one request each: no retry
     err = capsys.readouterr().err.splitlines()
     # stderr is no terminal here: plain lines with size and speed, then one line per file
@@ -382,7 +380,7 @@ def test_quiet_says_nothing(tmp_path, mirror, monkeypatch, capsys):
     monkeypatch.setattr(download, "HEARTBEAT", 0.0)
     url, _ = mirror(FILES, trickle=(50_000, 0.01))
     with progress.quiet():
-        _check(fetch_known(_toy(url), tmp_path / "dl"))
+        _check(fetch(_toy(url), tmp_path / "dl"))
     assert capsys.readouterr().err == ""
 
 
@@ -391,7 +389,7 @@ def test_stalled_mirror_times_out_and_the_next_one_resumes(tmp_path, mirror, mon
     slow, srv1 = mirror(FILES, stall=2.0, stall_at=1000, ranges=False)
     good, srv2 = mirror(FILES)
     t = time.monotonic()
-    _check(fetch_known(_toy(slow, good), tmp_path / "dl"))
+    _check(fetch(_toy(slow, good), tmp_path / "dl"))
     assert time.monotonic() - t < 3  # 2 files x 4 tries of ~0.2 s, not the 2 s stalls
     # First try: 1,000 bytes then silence (progress: again at once); then 3 tries without
     # progress (2 retries); the good mirror continues from the 1,000 bytes.
@@ -414,7 +412,7 @@ def test_wrong_checksum_goes_to_the_next_mirror(tmp_path, mirror, monkeypatch, c
         return real_replace(src, dst)
 
     monkeypatch.setattr(download.os, "replace", spy)
-    dest = fetch_known(_toy(url1, url2), tmp_path / "dl")
+    dest = fetch(_toy(url1, url2), tmp_path / "dl")
     _check(dest)
     md5 = {n: hashlib.md5(d).hexdigest() for n, d in FILES.items()}
     assert sorted(renamed) == sorted((str(dest / n), m) for n, m in md5.items())
@@ -427,7 +425,7 @@ def test_wrong_checksum_goes_to_the_next_mirror(tmp_path, mirror, monkeypatch, c
 def test_404_on_the_first_mirror_only_is_per_file(tmp_path, mirror, sleeps):
     url1, srv1 = mirror({"b.bin": B})  # lacks a.bin
     url2, srv2 = mirror(FILES)
-    _check(fetch_known(_toy(url1, url2), tmp_path / "dl"))
+    _check(fetch(_toy(url1, url2), tmp_path / "dl"))
     assert srv1.requests == [("a.bin", None), ("b.bin", None)]  # 404: no retry
     assert srv2.requests == [("a.bin", None)]  # b.bin still came from the first mirror
     assert sleeps == []
@@ -435,7 +433,7 @@ def test_404_on_the_first_mirror_only_is_per_file(tmp_path, mirror, sleeps):
 
 def test_503_is_retried_with_backoff(tmp_path, mirror, sleeps):
     url, srv = mirror(FILES, statuses=[503, 503])
-    _check(fetch_known(_toy(url), tmp_path / "dl"))
+    _check(fetch(_toy(url), tmp_path / "dl"))
     assert srv.requests == [("a.bin", None)] * 3 + [("b.bin", None)]
     assert sleeps == [0.01, 0.02]  # doubled each time
 
@@ -444,12 +442,12 @@ def test_retries_and_timeout_from_the_environment(tmp_path, mirror, monkeypatch,
     monkeypatch.setenv("MNISTFLOW_DOWNLOAD_RETRIES", "0")
     url, srv = mirror(FILES, statuses=[503])
     with pytest.raises(MnistflowError, match=r"a\.bin: HTTP 503 Service Unavailable\. "):
-        fetch_known(_toy(url), tmp_path / "dl")
+        fetch(_toy(url), tmp_path / "dl")
     assert sleeps == [] and srv.requests == [("a.bin", None), ("b.bin", None)]
     monkeypatch.setenv("MNISTFLOW_DOWNLOAD_TIMEOUT", "soon")
     with pytest.raises(MnistflowError, match=r"\$MNISTFLOW_DOWNLOAD_TIMEOUT='soon': expected a "
                                              r"number of seconds > 0"):
-        fetch_known(_toy(url), tmp_path / "dl")
+        fetch(_toy(url), tmp_path / "dl")
 
 
 def test_mirrors_from_the_environment_replace_the_datasets(tmp_path, mirror, monkeypatch):
@@ -458,7 +456,7 @@ def test_mirrors_from_the_environment_replace_the_datasets(tmp_path, mirror, mon
     url2, _ = mirror(FILES)
     monkeypatch.setenv("MNISTFLOW_MIRRORS", f" {url1.rstrip('/')} ,{url2},")
     assert download.mirrors(_toy(own)) == [url1, url2]
-    _check(fetch_known(_toy(own), tmp_path / "dl"))
+    _check(fetch(_toy(own), tmp_path / "dl"))
     assert srv_own.requests == [] and len(srv1.requests) == 2
 
 
@@ -468,7 +466,7 @@ def test_every_mirror_failing_is_one_line(tmp_path, mirror, closed_port_url, sle
     dest = tmp_path / "cache" / "toy"
     ds = _toy(empty, closed_port_url, busy)
     with pytest.raises(MnistflowError) as e:
-        fetch_known(ds, dest)
+        fetch(ds, dest)
     msg = str(e.value)
     assert "\n" not in msg
     want = (f"{dest}: cannot download toy: {empty} (2 files): HTTP 404 Not Found; "
@@ -490,7 +488,7 @@ def test_two_downloads_of_one_file_take_turns(tmp_path, mirror):
 
     def run():
         try:
-            fetch_known(_toy(url), dest)
+            fetch(_toy(url), dest)
         except BaseException as e:  # noqa: BLE001 - reported below
             errors.append(e)
 

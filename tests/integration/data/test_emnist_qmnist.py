@@ -19,11 +19,9 @@ import pytest
 from helpers.cli import assert_one_line_error, run_cli
 
 from helpers.idx_files import idx_bytes, l_glyph
-from mnistflow.data import datasets
-from mnistflow.data.datasets import KNOWN, RemoteFile
+from mnistflow.data.known import KNOWN, RemoteFile, locate, lookup
 from mnistflow.data.prepare import prepare
 from mnistflow.data.records import open_records
-from mnistflow.data.sources import locate_known
 
 
 def split_files(split: str, n: int) -> dict[str, bytes]:
@@ -160,10 +158,10 @@ def test_emnist_zip_is_downloaded_once_for_every_split(tmp_path, monkeypatch):
     threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     try:
         monkeypatch.setenv("MNISTFLOW_MIRROR", f"http://127.0.0.1:{srv.server_address[1]}/")
-        got = locate_known(datasets.lookup("emnist-letters"))
+        got = locate(lookup("emnist-letters"))
     finally:
         srv.shutdown()
         srv.server_close()
     assert got == tmp_path / "home" / "raw" / "emnist"
     assert (got / "gzip.zip").read_bytes() == (served / "gzip.zip").read_bytes()
-    assert locate_known(datasets.lookup("emnist-digits"), download=False) == got
+    assert locate(lookup("emnist-digits"), download=False) == got

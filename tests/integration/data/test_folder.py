@@ -8,7 +8,7 @@ from PIL import Image
 from helpers.cli import assert_one_line_error, run_cli
 from mnistflow.data.formats.folder import read_image_folder
 from mnistflow.data.formats.idx import read_idx_pair
-from mnistflow.data.sources import detect_format, read_source
+from mnistflow.data.formats import detect_format, read_source
 from mnistflow.core.errors import MnistflowError
 
 

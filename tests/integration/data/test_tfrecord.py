@@ -13,7 +13,7 @@ from helpers.cli import assert_one_line_error, run_cli
 from helpers import tfrecord_writer as W
 from mnistflow.data.formats import tfrecord as T
 from mnistflow.data.formats.idx import read_idx_pair
-from mnistflow.data.sources import detect_format, read_source
+from mnistflow.data.formats import detect_format, read_source
 from mnistflow.core.errors import MnistflowError
 
 

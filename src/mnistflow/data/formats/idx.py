@@ -4,7 +4,8 @@ Layout: 2 zero bytes, a type code, the number of dimensions d, then d big-endian
 uint32 sizes, then the data. MNIST uses type 0x08 (uint8): images (N, 28, 28), labels (N,);
 QMNIST's labels are int32 (N, 8) rows whose first column is the digit. A file is a path or a
 ``ZipMember`` (EMNIST ships every split in one zip: its members are read in place, never
-extracted).
+extracted). A folder of them (``train-images-idx3-ubyte[.gz]``, ``t10k-labels-idx1-ubyte``, ...)
+reads as one dataset (:func:`read_idx_folder`).
 
 Files are streamed: the header is checked from the first bytes, then exactly the declared
 size is read into one array (more is refused). Before anything is allocated, the declared
@@ -16,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import gzip
 import math
+import re
 import zipfile
 import zlib
 from collections.abc import Iterator
@@ -27,7 +29,14 @@ import numpy as np
 
 from mnistflow.core.errors import MnistflowError, fail
 from mnistflow.core.fsutil import open_regular
-from mnistflow.data.formats.raw import as_pixels, check_dataset_bytes
+from mnistflow.data.formats.raw import (
+    Names,
+    RawDataset,
+    RawSplit,
+    as_pixels,
+    check_dataset_bytes,
+    dataset_from_labels,
+)
 
 _DTYPES = {0x08: np.uint8, 0x09: np.int8, 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
 GZIP_MAX_RATIO = 1032  # deflate's largest expansion (258 bytes per 2 bits, plus framing)
@@ -35,6 +44,7 @@ _GZIP_ERRORS = (EOFError, OSError, zlib.error)
 _CHUNK = 1 << 24
 _ZIP_ERRORS = (zipfile.BadZipFile, zipfile.LargeZipFile, NotImplementedError, RuntimeError,
                EOFError, OSError, zlib.error)
+IDX_NAME = re.compile(r"^(train|t10k|test)[-_.]?(images|labels)[-_.]idx[13]-ubyte(\.gz)?$")
 
 
 @dataclass(frozen=True)
@@ -264,3 +274,48 @@ def read_idx_pair(images: Path | ZipMember, labels: Path | ZipMember, *,
     if x.ndim == 3:
         x = x[..., None]
     return x, y.astype(np.int64)
+
+
+# --- an IDX folder: a train pair and an optional test pair ---------------------------------
+
+def find_idx_files(folder: Path) -> dict[tuple[str, str], Path]:
+    """{('train'|'test', 'images'|'labels'): path} for the IDX files in ``folder``."""
+    found: dict[tuple[str, str], Path] = {}
+    for p in sorted(folder.iterdir()):
+        m = IDX_NAME.match(p.name)
+        if not m:
+            continue
+        split = "train" if m.group(1) == "train" else "test"
+        key = (split, m.group(2))
+        # Prefer the uncompressed file when both are present (no decompression).
+        if key not in found or not p.name.endswith(".gz"):
+            found[key] = p
+    return found
+
+
+def read_idx_folder(folder: Path, name: str | None = None, class_names: Names = None) -> RawDataset:
+    """An IDX folder; its classes are the label values the training labels use (named by
+    ``class_names`` when given: a list for values 0..K-1, or {value: name})."""
+    files = find_idx_files(folder)
+    if ("train", "images") not in files or ("train", "labels") not in files:
+        fail(folder, "no train-images-idx3-ubyte[.gz] / train-labels-idx1-ubyte[.gz] pair here")
+    return idx_dataset(name or folder.name, files["train", "images"], files["train", "labels"],
+                       files.get(("test", "images")), files.get(("test", "labels")),
+                       class_names, sorted(files.values()))
+
+
+def idx_dataset(name: str, images: Path | ZipMember, labels: Path | ZipMember,
+                test_images: Path | ZipMember | None, test_labels: Path | ZipMember | None,
+                names: Names, files: list[Path], *, transpose: bool = False) -> RawDataset:
+    """A train pair and an optional test pair of IDX files as a ``RawDataset`` whose classes
+    come from the original label values (and ``names``)."""
+    x, y = read_idx_pair(images, labels, transpose=transpose)
+    test = None
+    if test_images is not None and test_labels is not None:
+        tx, ty = read_idx_pair(test_images, test_labels, transpose=transpose)
+        if tx.shape[1:] != x.shape[1:]:
+            fail(test_images, f"test images are {tx.shape[1:]}, train images {x.shape[1:]}")
+        test = RawSplit(tx, ty)
+    return dataset_from_labels(name, RawSplit(x, y), test, files, names,
+                               where=str(labels),
+                               test_where=None if test_labels is None else str(test_labels))

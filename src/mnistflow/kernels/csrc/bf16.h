@@ -1,6 +1,11 @@
 /* Element access shared by the kernels: bf16 values are stored as uint16 bit patterns (the
  * upper half of a float), converted to float to compute and rounded to nearest even back;
- * fp32 goes through the identity twins, so one kernel body serves both types. */
+ * fp32 goes through the identity twins, so one kernel body serves both types.
+ *
+ * That body is a template: <op>_impl.h, which <op>.c includes once per element type with
+ * the type's parameters defined (T, LOAD, STORE, SUFFIX, ...: each template's first comment
+ * lists its own); the template names what it defines with KERNEL_NAME(f, SUFFIX), f_SUFFIX
+ * (maxpool2x2_forward_bf16), and #undefs its parameters at its end. */
 #ifndef MNISTFLOW_BF16_H
 #define MNISTFLOW_BF16_H
 #include <stdint.h>
@@ -21,5 +26,8 @@ static inline uint16_t bf16_store(float f) {
 
 static inline float f32_load(float f) { return f; }
 static inline float f32_store(float f) { return f; }
+
+#define KERNEL_NAME(f, suffix) KERNEL_NAME_(f, suffix)  /* expands suffix first */
+#define KERNEL_NAME_(f, suffix) f##_##suffix
 
 #endif

@@ -6,7 +6,8 @@
  * statistics and one to normalize, the backward one pass for its two sums and one to write.
  * Rows are split between threads; each thread's sums go to doubles (the backward's via float
  * partial sums over FOLD rows, which GCC vectorizes), combined in thread order, so results do
- * not depend on timing. The element types are instantiated from bnrelu_impl.h.
+ * not depend on timing. The kernels are written once, in bnrelu_impl.h, included below once
+ * per element type.
  *
  * bf16 values are uint16 bit patterns (bf16.h), rounded to nearest even on the way out.
  */
@@ -28,16 +29,14 @@ static inline void rows_of(int64_t M, int t, int T, int64_t *r0, int64_t *r1) {
     *r1 = M * (t + 1) / T;
 }
 
+/* bnrelu_forward_bf16, bnrelu_backward_bf16, bnrelu_eval_bf16 */
 #define T uint16_t
 #define LOAD bf16_load
 #define STORE bf16_store
 #define SUFFIX bf16
 #include "bnrelu_impl.h"
-#undef T
-#undef LOAD
-#undef STORE
-#undef SUFFIX
 
+/* bnrelu_forward_f32, bnrelu_backward_f32, bnrelu_eval_f32 */
 #define T float
 #define LOAD f32_load
 #define STORE f32_store

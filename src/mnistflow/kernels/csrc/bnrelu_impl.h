@@ -1,10 +1,10 @@
-/* The batch norm + ReLU kernels for one element type: included by bnrelu.c once per type,
- * with T (the stored type), LOAD / STORE (to and from float) and SUFFIX defined. */
-#define CAT2(a, b) a##b
-#define CAT(a, b) CAT2(a, b)
-#define FN(name) CAT(name, SUFFIX)
+/* The batch norm + ReLU kernels for one element type, included by bnrelu.c once per type with
+ *   T, LOAD, STORE  the stored type and its conversions to and from float;
+ *   SUFFIX          the names' suffix: NAME(f) is f_SUFFIX.
+ * Each inclusion consumes (#undefs) them. */
+#define NAME(f) KERNEL_NAME(f, SUFFIX)
 
-static inline void FN(fwd_sums_)(const T *restrict x, double *restrict s, double *restrict q, int64_t n) {
+static inline void NAME(fwd_sums)(const T *restrict x, double *restrict s, double *restrict q, int64_t n) {
     #pragma omp simd
     for (int64_t k = 0; k < n; k++) {
         double v = LOAD(x[k]);
@@ -13,7 +13,7 @@ static inline void FN(fwd_sums_)(const T *restrict x, double *restrict s, double
     }
 }
 
-static inline void FN(fwd_apply_)(const T *restrict x, T *restrict y, const float *restrict a,
+static inline void NAME(fwd_apply)(const T *restrict x, T *restrict y, const float *restrict a,
                                   const float *restrict b, int64_t n) {
     #pragma omp simd
     for (int64_t k = 0; k < n; k++) {
@@ -24,7 +24,7 @@ static inline void FN(fwd_apply_)(const T *restrict x, T *restrict y, const floa
 
 /* y = relu(x * scale + shift), scale = weight * invstd, shift = bias - mean * scale, with the
    batch's mean and biased variance; the running statistics take the unbiased variance. */
-int FN(bnrelu_forward_)(const T *x, T *y, const float *weight, const float *bias,
+int NAME(bnrelu_forward)(const T *x, T *y, const float *weight, const float *bias,
                         float *running_mean, float *running_var, float *save_mean,
                         float *save_invstd, int64_t M, int64_t C, double momentum, double eps,
                         int threads) {
@@ -42,8 +42,8 @@ int FN(bnrelu_forward_)(const T *x, T *y, const float *weight, const float *bias
         for (int64_t r = r0; r < r1; r++) {
             const T *xr = x + r * C;
             int64_t k = 0;
-            for (; k + BLOCK <= C; k += BLOCK) FN(fwd_sums_)(xr + k, s + k, q + k, BLOCK);
-            FN(fwd_sums_)(xr + k, s + k, q + k, C - k);
+            for (; k + BLOCK <= C; k += BLOCK) NAME(fwd_sums)(xr + k, s + k, q + k, BLOCK);
+            NAME(fwd_sums)(xr + k, s + k, q + k, C - k);
         }
         #pragma omp barrier
         #pragma omp single
@@ -68,8 +68,8 @@ int FN(bnrelu_forward_)(const T *x, T *y, const float *weight, const float *bias
             const T *xr = x + r * C;
             T *yr = y + r * C;
             int64_t k = 0;
-            for (; k + BLOCK <= C; k += BLOCK) FN(fwd_apply_)(xr + k, yr + k, scale + k, shift + k, BLOCK);
-            FN(fwd_apply_)(xr + k, yr + k, scale + k, shift + k, C - k);
+            for (; k + BLOCK <= C; k += BLOCK) NAME(fwd_apply)(xr + k, yr + k, scale + k, shift + k, BLOCK);
+            NAME(fwd_apply)(xr + k, yr + k, scale + k, shift + k, C - k);
         }
     }
     free(acc);
@@ -77,7 +77,7 @@ int FN(bnrelu_forward_)(const T *x, T *y, const float *weight, const float *bias
     return 0;
 }
 
-static inline void FN(bwd_sums_)(const T *restrict g, const T *restrict y, const T *restrict x,
+static inline void NAME(bwd_sums)(const T *restrict g, const T *restrict y, const T *restrict x,
                                  const float *restrict mean, float *restrict s,
                                  float *restrict sx, int64_t n) {
     #pragma omp simd
@@ -88,7 +88,7 @@ static inline void FN(bwd_sums_)(const T *restrict g, const T *restrict y, const
     }
 }
 
-static inline void FN(bwd_apply_)(const T *restrict g, const T *restrict y, const T *restrict x,
+static inline void NAME(bwd_apply)(const T *restrict g, const T *restrict y, const T *restrict x,
                                   T *restrict gx, const float *restrict mean,
                                   const float *restrict a, const float *restrict b,
                                   const float *restrict c, int64_t n) {
@@ -102,7 +102,7 @@ static inline void FN(bwd_apply_)(const T *restrict g, const T *restrict y, cons
 /* gz = g where y > 0 (ReLU's backward), then batch norm's: with xh = (x - mean) * invstd,
    gbias = sum gz, gweight = sum gz * xh, gx = w * invstd * (gz - gbias / M - xh * gweight / M).
    The sums run in float over FOLD rows at a time, folded into doubles. */
-int FN(bnrelu_backward_)(const T *g, const T *y, const T *x, const float *weight,
+int NAME(bnrelu_backward)(const T *g, const T *y, const T *x, const float *weight,
                          const float *save_mean, const float *save_invstd, T *gx, float *gweight,
                          float *gbias, int64_t M, int64_t C, int threads) {
     threads = threads < 1 ? 1 : threads > MAX_THREADS ? MAX_THREADS : threads;
@@ -122,8 +122,8 @@ int FN(bnrelu_backward_)(const T *g, const T *y, const T *x, const float *weight
             const T *gr = g + r * C, *yr = y + r * C, *xr = x + r * C;
             int64_t k = 0;
             for (; k + BLOCK <= C; k += BLOCK)
-                FN(bwd_sums_)(gr + k, yr + k, xr + k, save_mean + k, fs + k, fs + C + k, BLOCK);
-            FN(bwd_sums_)(gr + k, yr + k, xr + k, save_mean + k, fs + k, fs + C + k, C - k);
+                NAME(bwd_sums)(gr + k, yr + k, xr + k, save_mean + k, fs + k, fs + C + k, BLOCK);
+            NAME(bwd_sums)(gr + k, yr + k, xr + k, save_mean + k, fs + k, fs + C + k, C - k);
             if ((r - r0) % FOLD == FOLD - 1 || r == r1 - 1)
                 for (int64_t c = 0; c < 2 * C; c++) { s[c] += fs[c]; fs[c] = 0.f; }
         }
@@ -145,8 +145,8 @@ int FN(bnrelu_backward_)(const T *g, const T *y, const T *x, const float *weight
             T *o = gx + r * C;
             int64_t k = 0;
             for (; k + BLOCK <= C; k += BLOCK)
-                FN(bwd_apply_)(gr + k, yr + k, xr + k, o + k, save_mean + k, ca + k, cb + k, cc + k, BLOCK);
-            FN(bwd_apply_)(gr + k, yr + k, xr + k, o + k, save_mean + k, ca + k, cb + k, cc + k, C - k);
+                NAME(bwd_apply)(gr + k, yr + k, xr + k, o + k, save_mean + k, ca + k, cb + k, cc + k, BLOCK);
+            NAME(bwd_apply)(gr + k, yr + k, xr + k, o + k, save_mean + k, ca + k, cb + k, cc + k, C - k);
         }
     }
     free(acc);
@@ -157,18 +157,20 @@ int FN(bnrelu_backward_)(const T *g, const T *y, const T *x, const float *weight
 
 /* Inference: y = relu(x * scale + shift), the caller's per-channel scale and shift (from the
    running statistics): one pass, where PyTorch's batch norm and ReLU take two. */
-void FN(bnrelu_eval_)(const T *x, T *y, const float *scale, const float *shift, int64_t M, int64_t C,
+void NAME(bnrelu_eval)(const T *x, T *y, const float *scale, const float *shift, int64_t M, int64_t C,
                       int threads) {
     #pragma omp parallel for num_threads(threads < 1 ? 1 : threads) schedule(static)
     for (int64_t r = 0; r < M; r++) {
         const T *xr = x + r * C;
         T *yr = y + r * C;
         int64_t k = 0;
-        for (; k + BLOCK <= C; k += BLOCK) FN(fwd_apply_)(xr + k, yr + k, scale + k, shift + k, BLOCK);
-        FN(fwd_apply_)(xr + k, yr + k, scale + k, shift + k, C - k);
+        for (; k + BLOCK <= C; k += BLOCK) NAME(fwd_apply)(xr + k, yr + k, scale + k, shift + k, BLOCK);
+        NAME(fwd_apply)(xr + k, yr + k, scale + k, shift + k, C - k);
     }
 }
 
-#undef FN
-#undef CAT
-#undef CAT2
+#undef NAME
+#undef T
+#undef LOAD
+#undef STORE
+#undef SUFFIX

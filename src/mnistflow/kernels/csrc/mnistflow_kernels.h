@@ -50,13 +50,14 @@ MNISTFLOW_API void bnrelu_eval_f32(const float *x, float *y, const float *scale,
                                    int64_t M, int64_t C, int threads);
 
 /* layout.c: src (N, P, C) -> dst (C, P, N), P = H*W, by element size; col2im: gc (N, OH, OW,
- * K, K, C) -> gx (N, H, W, C), the input gradient of a VALID K x K convolution. */
+ * K, K, C) -> gx (N, H, W, C), the input gradient of a VALID K x K convolution (returns 0, or
+ * 1: no memory). */
 MNISTFLOW_API void swap_nc_u16(const uint16_t *src, uint16_t *dst, int64_t N, int64_t P, int64_t C, int threads);
 MNISTFLOW_API void swap_nc_u32(const uint32_t *src, uint32_t *dst, int64_t N, int64_t P, int64_t C, int threads);
-MNISTFLOW_API void col2im_bf16(const uint16_t *gc, uint16_t *gx, int64_t N, int64_t H, int64_t W, int64_t C,
-                               int64_t K, int threads);
-MNISTFLOW_API void col2im_f32(const float *gc, float *gx, int64_t N, int64_t H, int64_t W, int64_t C, int64_t K,
-                              int threads);
+MNISTFLOW_API int col2im_bf16(const uint16_t *gc, uint16_t *gx, int64_t N, int64_t H, int64_t W, int64_t C,
+                              int64_t K, int threads);
+MNISTFLOW_API int col2im_f32(const float *gc, float *gx, int64_t N, int64_t H, int64_t W, int64_t C, int64_t K,
+                             int threads);
 
 /* wgrad.c (AMX, AVX-512-BF16): 0 when this process may use the AMX tiles, else 1 (no AMX in
  * this build, CPU or OS). The weight gradient of a 3x3 padding-1 convolution: x (N, H, W, C),

@@ -328,15 +328,18 @@ int amx_request(void) { return amx_permission(); }  /* 0: this process may use t
  * C from the L1, rounds to bf16 (as oneDNN's output does) and keeps the maximum and its
  * winner code (the max-pool kernel's). */
 
-int conv3x3_maxpool_forward_bf16(const uint16_t *x, const uint16_t *w, uint16_t *y, uint8_t *code,
-                                 int64_t N, int64_t H, int64_t W, int64_t C, int64_t O, int threads) {
-    if (O % 16 || 3 * C > 16) return 2;
-    const int64_t OB = O / 16, OH = (H + 1) / 2, OW = (W + 1) / 2;
-    const int64_t XB = (W + 7) / 8;  /* blocks of 8 columns x 2 rows per pooled row */
-    /* B tiles (kt, ob): bw[((kt * OB + ob) * 16 + r) * 32 + 2 j + i] = w[16 ob + j][k], k = 32 kt
-       + 2 r + i = 16 kh + kw * C + c: column kw * C + c of kernel row kh, as the A rows hold them */
-    uint16_t *bw = aligned_alloc(64, (size_t)2 * OB * 512 * sizeof(uint16_t));
-    if (!bw) return 1;
+/* The forward's sizes: x (N, H, W, C), y (N, OH, OW, O) in OB blocks of 16 channels; XB blocks
+ * of 8 columns per pooled row; each image copied into a zero-bordered scratch of Wp columns,
+ * pad_elems elements. */
+typedef struct {
+    int64_t H, W, C, O, OB, OH, OW, XB, Wp, pad_elems;
+} first_layer;
+
+/* B tiles (kt, ob): bw[((kt * OB + ob) * 16 + r) * 32 + 2 j + i] = w[16 ob + j][k], k = 32 kt
+   + 2 r + i = 16 kh + kw * C + c: column kw * C + c of kernel row kh, as the A rows hold them;
+   0 elsewhere. w (O, C, 3, 3). */
+static void pack_weights(const uint16_t *w, uint16_t *bw, int64_t C, int64_t O) {
+    const int64_t OB = O / 16;
     memset(bw, 0, (size_t)2 * OB * 512 * sizeof(uint16_t));
     for (int64_t o = 0; o < O; o++)
         for (int64_t c = 0; c < C; c++)
@@ -345,67 +348,106 @@ int conv3x3_maxpool_forward_bf16(const uint16_t *x, const uint16_t *w, uint16_t 
                     const int64_t k = kh * 16 + kw * C + c, kt = k / 32, r = (k % 32) / 2, i = k % 2;
                     bw[((kt * OB + o / 16) * 16 + r) * 32 + 2 * (o % 16) + i] = w[((o * C + c) * 3 + kh) * 3 + kw];
                 }
-    /* Each thread copies an image at a time into a zero-bordered scratch (input pixel (y, x) at
-       (y + 1, x + 1); rows and columns past the image stay 0), so a kernel row of any output
-       pixel is one unmasked 16-element load: its 3C inputs, then inputs that meet zero weights. */
-    const int64_t Hp = 2 * OH + 2, Wp = XB * 8 + 2, pad_elems = Hp * Wp * C + 16;
+}
+
+/* Image n into the zero-bordered scratch: input pixel (y, x) at (y + 1, x + 1), rows and
+   columns past the image 0, so a kernel row of any output pixel is one unmasked 16-element
+   load: its 3C inputs, then inputs that meet zero weights. */
+static void pad_image(first_layer s, const uint16_t *x, uint16_t *pad, int64_t n) {
+    memset(pad, 0, (size_t)s.pad_elems * 2);
+    for (int64_t yy = 0; yy < s.H; yy++)
+        memcpy(pad + ((yy + 1) * s.Wp + 1) * s.C, x + (n * s.H + yy) * s.W * s.C, (size_t)(s.W * s.C) * 2);
+}
+
+/* Tiles 2 and 3 (staged in a): the A rows of the block of 16 output pixels at pooled row oy,
+   columns [x0, x0 + 8): rows 0-7 (2 oy, x0 + r), rows 8-15 the row below; each pixel's kernel
+   rows 0 and 1 in tile 2, kernel row 2 and zeros in tile 3. */
+static void load_pixels(first_layer s, const uint16_t *pad, uint16_t a[2][16][32], int64_t oy, int64_t x0) {
+    for (int r = 0; r < 16; r++) {
+        const uint16_t *base = pad + ((2 * oy + r / 8) * s.Wp + x0 + r % 8) * s.C;
+        const __m256i k0 = _mm256_loadu_si256((const __m256i *)base);
+        const __m256i k1 = _mm256_loadu_si256((const __m256i *)(base + s.Wp * s.C));
+        const __m256i k2 = _mm256_loadu_si256((const __m256i *)(base + 2 * s.Wp * s.C));
+        _mm512_store_si512((void *)a[0][r], _mm512_inserti64x4(_mm512_castsi256_si512(k0), k1, 1));
+        _mm512_store_si512((void *)a[1][r], _mm512_inserti64x4(_mm512_castsi256_si512(k2),
+                                                               _mm256_setzero_si256(), 1));
+    }
+    _tile_loadd(2, a[0], 64);
+    _tile_loadd(3, a[1], 64);
+}
+
+/* out (16 pixels x 16 channels, fp32) = tiles 2 and 3 (the block's pixels) times the weights'
+   B tiles for output channels [16 ob, 16 ob + 16). */
+static void multiply_block(const uint16_t *bw, int64_t OB, int64_t ob, float out[16][16]) {
+    _tile_zero(0);
+    _tile_loadd(4, bw + (0 * OB + ob) * 512, 64);
+    _tile_loadd(5, bw + (1 * OB + ob) * 512, 64);
+    _tile_dpbf16ps(0, 2, 4);
+    _tile_dpbf16ps(0, 3, 5);
+    _tile_stored(0, out, 64);
+}
+
+/* The block's pooling windows v (up to 4): out's pixels 2v, 2v + 1 and the two below, rounded
+   to bf16 (the values the two-layer version compares); their maximum into y and its winner
+   code (the max-pool kernel's) into code, channels [16 ob, 16 ob + 16). */
+static void pool_block(first_layer s, float out[16][16], uint16_t *y, uint8_t *code, int64_t n, int64_t oy,
+                       int64_t x0, int64_t ob) {
+    for (int v = 0; v < 4; v++) {
+        const int64_t ox = x0 / 2 + v;
+        if (ox >= s.OW) break;
+        const int64_t y0 = 2 * oy, xa = 2 * ox;
+        const int ok[4] = {1, xa + 1 < s.W, y0 + 1 < s.H, y0 + 1 < s.H && xa + 1 < s.W};
+        const int rows[4] = {2 * v, 2 * v + 1, 8 + 2 * v, 9 + 2 * v};
+        __m512 m = _mm512_cvtpbh_ps(_mm512_cvtneps_pbh(_mm512_load_ps(out[rows[0]])));
+        __m128i win = _mm_setzero_si128();
+        for (int q = 1; q < 4; q++) {
+            if (!ok[q]) continue;
+            const __m512 vq = _mm512_cvtpbh_ps(_mm512_cvtneps_pbh(_mm512_load_ps(out[rows[q]])));
+            const __mmask16 take = _mm512_cmp_ps_mask(vq, m, _CMP_GT_OQ) | _mm512_cmp_ps_mask(vq, vq, _CMP_UNORD_Q);
+            m = _mm512_mask_mov_ps(m, take, vq);
+            win = _mm_mask_mov_epi8(win, take, _mm_set1_epi8((char)q));
+        }
+        const int64_t i = ((n * s.OH + oy) * s.OW + ox) * s.O + ob * 16;
+        _mm256_storeu_si256((__m256i *)(y + i), (__m256i)_mm512_cvtneps_pbh(m));
+        if (code) _mm_storeu_si128((__m128i *)(code + i), win);  /* NULL: inference */
+    }
+}
+
+/* Image n: for each block of 16 output pixels, its A tiles, then per 16 output channels the
+   product and the pool. pad: this thread's scratch. */
+static void forward_image(first_layer s, const uint16_t *x, const uint16_t *bw, uint16_t *pad, uint16_t *y,
+                          uint8_t *code, int64_t n) {
+    _Alignas(64) uint16_t a[2][16][32];
+    _Alignas(64) float out[16][16];
+    pad_image(s, x, pad, n);
+    for (int64_t oy = 0; oy < s.OH; oy++)
+        for (int64_t x0 = 0; x0 < s.XB * 8; x0 += 8) {
+            load_pixels(s, pad, a, oy, x0);
+            for (int64_t ob = 0; ob < s.OB; ob++) {
+                multiply_block(bw, s.OB, ob, out);
+                pool_block(s, out, y, code, n, oy, x0, ob);
+            }
+        }
+}
+
+int conv3x3_maxpool_forward_bf16(const uint16_t *x, const uint16_t *w, uint16_t *y, uint8_t *code,
+                                 int64_t N, int64_t H, int64_t W, int64_t C, int64_t O, int threads) {
+    if (O % 16 || 3 * C > 16) return 2;
+    const int64_t OH = (H + 1) / 2, OW = (W + 1) / 2, XB = (W + 7) / 8;
+    const int64_t Hp = 2 * OH + 2, Wp = XB * 8 + 2;
+    const first_layer s = {H, W, C, O, O / 16, OH, OW, XB, Wp, Hp * Wp * C + 16};
+    uint16_t *bw = aligned_alloc(64, (size_t)2 * s.OB * 512 * sizeof(uint16_t));
+    if (!bw) return 1;
+    pack_weights(w, bw, C, O);
     int failed = 0;
     _Pragma("omp parallel num_threads(threads) reduction(|:failed)")
     {
-        _Alignas(64) uint16_t a[2][16][32];
-        _Alignas(64) float out[16][16];
-        uint16_t *pad = aligned_alloc(64, (size_t)((pad_elems * 2 + 63) / 64 * 64));
+        uint16_t *pad = aligned_alloc(64, (size_t)((s.pad_elems * 2 + 63) / 64 * 64));
         failed |= pad == NULL;
         configure_tiles();
         _Pragma("omp for schedule(static)")
-        for (int64_t n = 0; n < N; n++) {
-            if (!pad) continue;
-            memset(pad, 0, (size_t)pad_elems * 2);
-            for (int64_t yy = 0; yy < H; yy++)
-                memcpy(pad + ((yy + 1) * Wp + 1) * C, x + (n * H + yy) * W * C, (size_t)(W * C) * 2);
-            for (int64_t oy = 0; oy < OH; oy++)
-                for (int64_t x0 = 0; x0 < XB * 8; x0 += 8) {
-                    for (int r = 0; r < 16; r++) {  /* rows 0-7: (2 oy, x0 + r), rows 8-15: the row below */
-                        const uint16_t *base = pad + ((2 * oy + r / 8) * Wp + x0 + r % 8) * C;
-                        const __m256i k0 = _mm256_loadu_si256((const __m256i *)base);
-                        const __m256i k1 = _mm256_loadu_si256((const __m256i *)(base + Wp * C));
-                        const __m256i k2 = _mm256_loadu_si256((const __m256i *)(base + 2 * Wp * C));
-                        _mm512_store_si512((void *)a[0][r], _mm512_inserti64x4(_mm512_castsi256_si512(k0), k1, 1));
-                        _mm512_store_si512((void *)a[1][r], _mm512_inserti64x4(_mm512_castsi256_si512(k2),
-                                                                               _mm256_setzero_si256(), 1));
-                    }
-                    _tile_loadd(2, a[0], 64);
-                    _tile_loadd(3, a[1], 64);
-                    for (int64_t ob = 0; ob < OB; ob++) {
-                        _tile_zero(0);
-                        _tile_loadd(4, bw + (0 * OB + ob) * 512, 64);
-                        _tile_loadd(5, bw + (1 * OB + ob) * 512, 64);
-                        _tile_dpbf16ps(0, 2, 4);
-                        _tile_dpbf16ps(0, 3, 5);
-                        _tile_stored(0, out, 64);
-                        for (int v = 0; v < 4; v++) {  /* window v: pixels 2v, 2v + 1 and the two below */
-                            const int64_t ox = x0 / 2 + v;
-                            if (ox >= OW) break;
-                            const int64_t y0 = 2 * oy, xa = 2 * ox;
-                            const int ok[4] = {1, xa + 1 < W, y0 + 1 < H, y0 + 1 < H && xa + 1 < W};
-                            const int rows[4] = {2 * v, 2 * v + 1, 8 + 2 * v, 9 + 2 * v};
-                            /* round to bf16 and back: the values the two-layer version compares */
-                            __m512 m = _mm512_cvtpbh_ps(_mm512_cvtneps_pbh(_mm512_load_ps(out[rows[0]])));
-                            __m128i win = _mm_setzero_si128();
-                            for (int q = 1; q < 4; q++) {
-                                if (!ok[q]) continue;
-                                const __m512 vq = _mm512_cvtpbh_ps(_mm512_cvtneps_pbh(_mm512_load_ps(out[rows[q]])));
-                                const __mmask16 take = _mm512_cmp_ps_mask(vq, m, _CMP_GT_OQ) | _mm512_cmp_ps_mask(vq, vq, _CMP_UNORD_Q);
-                                m = _mm512_mask_mov_ps(m, take, vq);
-                                win = _mm_mask_mov_epi8(win, take, _mm_set1_epi8((char)q));
-                            }
-                            const int64_t i = ((n * OH + oy) * OW + ox) * O + ob * 16;
-                            _mm256_storeu_si256((__m256i *)(y + i), (__m256i)_mm512_cvtneps_pbh(m));
-                            if (code) _mm_storeu_si128((__m128i *)(code + i), win);  /* NULL: inference */
-                        }
-                    }
-                }
-        }
+        for (int64_t n = 0; n < N; n++)
+            if (pad) forward_image(s, x, bw, pad, y, code, n);
         _tile_release();
         free(pad);
     }

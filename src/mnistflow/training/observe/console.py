@@ -1,7 +1,7 @@
 """Progress lines: one every N steps, a validation line per evaluation, and the training bar.
 
 In logs every line is kept. On a terminal the training line is rewritten in place, or, when
-stderr is a terminal too, the bar with its ETA (``observe.progress``) stands for it and the
+stderr is a terminal too, the bar with its ETA (``observe.train_bar``) stands for it and the
 other lines are printed above the bar.
 """
 from __future__ import annotations
@@ -10,7 +10,7 @@ import sys
 from typing import IO
 
 from mnistflow.core.progress import is_terminal, write
-from mnistflow.training.observe.progress import TrainProgress
+from mnistflow.training.observe.train_bar import TrainProgress
 
 
 class ConsoleLogger:

@@ -1,16 +1,36 @@
-"""Known datasets: files, published checksums, mirrors, class names and augmentation policy.
+"""The known datasets: what each is (files, published checksums, mirrors, class names,
+augmentation policy), where its files are, whether they are the published ones, and fetching
+them when they are nowhere.
+
+    ds = lookup("fashion-mnist")          # or require(name): an error listing the known ones
+    folder = locate(ds, data)             # --data, $MNISTFLOW_DATA, the cache, else a download
+    verify(ds, folder)                    # md5 against the published sums
+
+Where a known dataset's files are looked for: ``--data`` (itself, or its ``<name>/`` or shared
+``<folder>/`` sub-folder), else ``$MNISTFLOW_DATA`` (the same), else the cache
+(``$MNISTFLOW_HOME/raw/<folder>``), else a verified download into the cache (``download``).
 
 EMNIST is published as one zip (``gzip.zip``) holding all six splits; each ``emnist-<split>``
 names one of them, and all share the download (``folder``). Its class names come from the
 split's mapping file when it is at hand; the table below holds the same names for when it
 is not (and for listing).
+
+Torch-free and light (the standard library only): the configuration imports ``HELP``.
 """
 from __future__ import annotations
 
+import gzip
+import hashlib
+import os
 import string
+import zlib
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import BinaryIO
 
-from mnistflow.core.errors import MnistflowError
+from mnistflow.core.errors import MnistflowError, fail
+from mnistflow.core.fsutil import open_regular
+from mnistflow.core.paths import home
 
 
 @dataclass(frozen=True)
@@ -193,3 +213,140 @@ def lookup(name: str) -> KnownDataset | None:
         raise MnistflowError("EMNIST has six splits; name one: "
                              + ", ".join(f"emnist-{s}" for s in EMNIST_SPLITS))
     return None
+
+
+def require(name: str) -> KnownDataset:
+    """The known dataset called ``name``, else the error that lists the known ones."""
+    ds = lookup(name)
+    if ds is None:
+        raise MnistflowError(f"unknown dataset '{name}' (known: {', '.join(sorted(KNOWN))}; "
+                             "or pass --data PATH)")
+    return ds
+
+
+def _help() -> str:
+    """The known datasets in one line, EMNIST's splits as one entry."""
+    single = [n for n, ds in KNOWN.items() if ds.format != "emnist"]
+    return ", ".join(single + [f"emnist-<split> ({', '.join(EMNIST_SPLITS)})"])
+
+
+HELP = _help()  # "mnist, fashion-mnist, kmnist, qmnist, cifar10, emnist-<split> (letters, ...)"
+
+
+def resolve_input(dataset: str | None, data: Path | None) -> tuple[str | None, Path | None]:
+    """(dataset, data) as ``--dataset`` / ``--data`` mean them: a bare known name given as
+    ``--data`` (and no such path) is that dataset; no input at all is ``$MNISTFLOW_DATA``,
+    else MNIST."""
+    if dataset is None and data is None:
+        env = os.environ.get("MNISTFLOW_DATA")
+        if env:
+            return None, Path(env)
+        return "mnist", None
+    if (dataset is None and data is not None and not data.exists() and len(data.parts) == 1
+            and lookup(str(data)) is not None):
+        return str(data), None
+    return dataset, data
+
+
+# --- where the files are ---------------------------------------------------------------------
+
+def _loose_emnist(ds: KnownDataset, folder: Path) -> list[Path] | None:
+    """EMNIST's separate files for ``ds``'s split placed by hand (each .gz or gunzipped;
+    the mapping file beside them is optional), else None."""
+    found = []
+    for name in ds.loose_files:
+        gz = folder / name
+        plain = gz.with_suffix("")
+        p = plain if plain.is_file() else gz  # prefer the uncompressed file, as for IDX folders
+        if not p.is_file():
+            return None
+        found.append(p)
+    mapping = folder / ds.mapping
+    return found + ([mapping] if mapping.is_file() else [])
+
+
+def files_in(ds: KnownDataset, folder: Path) -> list[Path] | None:
+    """The files of ``ds`` in ``folder`` (what defines its content, in reading order), or None
+    when some are missing. EMNIST: its zip, else the split's separate files."""
+    if not folder.is_dir():
+        return None
+    paths = [folder / f.name for f in ds.files]
+    if all(p.is_file() for p in paths):
+        return paths
+    if ds.format == "emnist":
+        return _loose_emnist(ds, folder)
+    return None
+
+
+def _candidates(ds: KnownDataset, base: Path) -> list[Path]:
+    return list(dict.fromkeys((base / ds.name, base / ds.home, base)))
+
+
+def locate(ds: KnownDataset, data: Path | None = None, download: bool = True) -> Path:
+    """The folder holding the files of ``ds``: in ``data``, else in ``$MNISTFLOW_DATA``
+    (itself or its ``<name>/`` or shared ``<folder>/`` sub-folder), else the cache, else a
+    verified download into the cache (unless ``download`` is False: an error)."""
+    if data is not None:
+        for cand in _candidates(ds, data):
+            if files_in(ds, cand):
+                return cand
+        if ds.format == "emnist":
+            fail(data, f"missing {ds.name} files: put {ds.by_hand()} here")
+        missing = [f.name for f in ds.files if not (data / f.name).is_file()]
+        fail(data, f"missing {ds.name} file(s): {', '.join(missing)}")
+    env = os.environ.get("MNISTFLOW_DATA")
+    if env:
+        for cand in _candidates(ds, Path(env)):
+            if files_in(ds, cand):
+                return cand
+    cache = home() / "raw" / ds.home
+    if files_in(ds, cache):
+        return cache
+    if not download:
+        fail(cache, f"{ds.name} is not downloaded")
+    from mnistflow.data.known.download import fetch  # only when needed: it pulls in urllib
+
+    return fetch(ds, cache)
+
+
+# --- are they the published files --------------------------------------------------------------
+
+def _md5(f: BinaryIO) -> str:
+    """md5 of a binary stream, read in chunks (never the whole file in memory)."""
+    h = hashlib.md5()
+    for chunk in iter(lambda: f.read(1 << 22), b""):
+        h.update(chunk)
+    return h.hexdigest()
+
+
+def md5_of(path: Path) -> str:
+    """The md5 of the regular file at ``path``."""
+    with open_regular(path) as f:
+        return _md5(f)
+
+
+def matches(path: Path, f: RemoteFile, md5: str | None = None) -> bool:
+    """Whether the file at ``path`` is the published ``f``: its md5 (``md5``, when known
+    already), or for a re-compressed .gz the md5 of its uncompressed content."""
+    if (md5 or md5_of(path)) == f.md5:
+        return True
+    if f.raw_md5 and f.name.endswith(".gz"):
+        try:
+            with open_regular(path) as fh, gzip.GzipFile(fileobj=fh, mode="rb") as g:
+                return _md5(g) == f.raw_md5
+        except (OSError, EOFError, zlib.error):  # not gzip, or damaged: not the file
+            return False
+    return False
+
+
+def verify(ds: KnownDataset, folder: Path) -> None:
+    """Check the files of ``ds`` in ``folder`` against the published sums (:func:`matches`).
+    EMNIST's separate files have no published sums: their reader checks their structure."""
+    for f in ds.files:
+        p = folder / f.name
+        if ds.format == "emnist" and not p.is_file():
+            continue  # the separate files, placed by hand
+        got = md5_of(p)
+        if not matches(p, f, got):
+            fail(p, f"checksum does not match the published {ds.name} file {f.name} "
+                    f"(md5 {got}, expected {f.md5}); is this really {ds.name}?")

@@ -1,5 +1,5 @@
 """Download a known dataset's files through unreliable mirrors, verified against their
-published md5 sums.
+published md5 sums (``known.matches``): the HTTP mechanics behind ``known.locate``.
 
     mnistflow prep fashion-mnist                       # the dataset's own mirrors
     MNISTFLOW_MIRRORS=http://proxy.lan/mnist/,https://my.mirror/mnist/ mnistflow prep mnist
@@ -38,8 +38,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import gzip
-import hashlib
 import http.client
 import os
 import re
@@ -49,7 +47,6 @@ import sys
 import time
 import urllib.error
 import urllib.request
-import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
@@ -58,7 +55,7 @@ from mnistflow.core import log
 from mnistflow.core import progress as _progress
 from mnistflow.core.errors import MnistflowError, fail
 from mnistflow.core.fsutil import fsync_dir
-from mnistflow.data.datasets import KnownDataset, RemoteFile
+from mnistflow.data.known import KnownDataset, RemoteFile, matches, md5_of
 
 try:
     import fcntl
@@ -123,30 +120,6 @@ def _settings() -> tuple[float, int]:
     """(timeout, retries): the module's constants, or the environment's."""
     return (_setting("MNISTFLOW_DOWNLOAD_TIMEOUT", TIMEOUT, float, 86400.0),  # (inf overflowed the socket)
             int(_setting("MNISTFLOW_DOWNLOAD_RETRIES", RETRIES, int, 1000)))
-
-
-def _md5_file(path: Path) -> str:
-    h = hashlib.md5()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(_CHUNK), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def _matches(path: Path, f: RemoteFile, md5: str | None = None) -> bool:
-    """The published md5, or (re-compressed .gz) the md5 of the uncompressed content."""
-    if (md5 or _md5_file(path)) == f.md5:
-        return True
-    if f.raw_md5 and f.name.endswith(".gz"):
-        try:
-            with gzip.open(path, "rb") as g:
-                h = hashlib.md5()
-                for chunk in iter(lambda: g.read(_CHUNK), b""):
-                    h.update(chunk)
-            return h.hexdigest() == f.raw_md5
-        except (OSError, EOFError, zlib.error):
-            return False
-    return False
 
 
 def _mb(n: int) -> str:
@@ -321,8 +294,8 @@ def _from_mirror(url: str, f: RemoteFile, fh: IO[bytes], part: Path,
             show.waiting(url, str(e), failures, retries, wait)
             _sleep(wait)
             continue
-        md5 = _md5_file(part)
-        if _matches(part, f, md5):
+        md5 = md5_of(part)
+        if matches(part, f, md5):
             return
         fh.truncate(0)
         best = 0
@@ -376,10 +349,10 @@ def _fetch_file(f: RemoteFile, bases: list[str], dest: Path, down: dict[str, str
     """Fetch ``f`` into ``dest`` from the first mirror that gives it; [] on success (or when
     it is there already), else what each mirror did: [(base URL, why)]."""
     final, part = dest / f.name, dest / (f.name + ".part")
-    if not part.exists() and final.is_file() and _matches(final, f):
+    if not part.exists() and final.is_file() and matches(final, f):
         return []
     with _locked(part) as fh:
-        if final.is_file() and _matches(final, f):  # there already, or another process did it
+        if final.is_file() and matches(final, f):  # there already, or another process did it
             fh.truncate(0)
             return []
         tried: list[tuple[str, str]] = []
@@ -435,7 +408,7 @@ def _all_failed(ds: KnownDataset, dest: Path, bases: list[str],
                if kept else ""))
 
 
-def fetch_known(ds: KnownDataset, dest: Path) -> Path:
+def fetch(ds: KnownDataset, dest: Path) -> Path:
     """Download the files of ``ds`` into ``dest`` (verified); returns ``dest``."""
     dest = Path(dest)
     created = not dest.exists()
