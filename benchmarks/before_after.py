@@ -5,7 +5,10 @@ prepared itself; the figures are each run's summary (test accuracy, wall seconds
 records to the end of the test pass).
 
     MNISTFLOW_DATA=../shared/data/mnist python benchmarks/before_after.py --base d26e7d6 \\
-        [--recipes fast seed-cnn best] [--seeds 0 1] [--threads 2]
+        [--recipes fast seed-cnn best] [--seeds 0 1] [--threads 2] [--device cuda]
+
+``--base-tree DIR`` instead of ``--base``: the before code as a folder (``git archive REF``), for a
+machine without the repository's history.
 
 On a CPU a refactoring that changes no arithmetic gives the very same accuracy seed for seed;
 the wall-time ratio (after / before, median over seeds) is the speed change.
@@ -29,7 +32,7 @@ RUN = """
 import json, sys
 import mnistflow
 s = mnistflow.train(recipe=sys.argv[1], data=sys.argv[2], seed=int(sys.argv[3]), run_dir=sys.argv[4],
-                    threads=int(sys.argv[5]), quiet=True, tensorboard=False)
+                    threads=int(sys.argv[5]), device=sys.argv[6], quiet=True, tensorboard=False)
 print(json.dumps({k: s[k] for k in ("test_acc", "wall_s", "train_s", "precision")}))
 """
 PREP = "import sys, mnistflow; mnistflow.prepare('mnist', sys.argv[1], out=sys.argv[2], quiet=True)"
@@ -46,16 +49,20 @@ def _python(tree: Path, code: str, *args: str, home: Path) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--base", required=True, help="the git ref of 'before'")
+    base = ap.add_mutually_exclusive_group(required=True)
+    base.add_argument("--base", help="the git ref of 'before'")
+    base.add_argument("--base-tree", type=Path, help="the 'before' code as a folder (git archive REF)")
     ap.add_argument("--data", default=os.environ.get("MNISTFLOW_DATA", str(REPO.parent / "shared/data/mnist")))
     ap.add_argument("--recipes", nargs="+", default=["fast", "seed-cnn", "best"])
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     ap.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
+    ap.add_argument("--device", default="cpu")
     a = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        base = tmp / "before"
-        subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", "-q", str(base), a.base], check=True)
+        base = a.base_tree.resolve() if a.base_tree else tmp / "before"
+        if a.base:
+            subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", "-q", str(base), a.base], check=True)
         try:
             trees = {"before": base, "after": REPO}
             for name, tree in trees.items():  # each its own records (and its own kernel cache)
@@ -65,14 +72,15 @@ def main() -> None:
                 for seed in a.seeds:
                     for name, tree in trees.items():
                         out = _python(tree, RUN, recipe, str(tmp / f"records-{name}"), str(seed),
-                                      str(tmp / f"run-{name}-{recipe}-{seed}"), str(a.threads),
+                                      str(tmp / f"run-{name}-{recipe}-{seed}"), str(a.threads), a.device,
                                       home=tmp / f"home-{name}")
                         r = json.loads(out.strip().splitlines()[-1])
                         res.setdefault((recipe, name), []).append(r)
                         print(f"{recipe} seed {seed} {name}: {100 * r['test_acc']:.2f}% {r['wall_s']:.2f} s",
                               flush=True)
         finally:
-            subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(base)], check=False)
+            if a.base:
+                subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(base)], check=False)
     rows = []
     for recipe in a.recipes:
         b, f = res[(recipe, "before")], res[(recipe, "after")]
@@ -83,7 +91,7 @@ def main() -> None:
                      "same": all(x["test_acc"] == y["test_acc"] for x, y in zip(b, f)),
                      "wall s before": round(wall_b, 2), "wall s after": round(wall_a, 2),
                      "after / before": round(wall_a / wall_b, 3)})
-    print(f"\n{machine()}; {a.threads} threads; seeds {a.seeds}; base {a.base}\n")
+    print(f"\n{machine(a.device)}; {a.threads} threads; seeds {a.seeds}; base {a.base or a.base_tree}\n")
     print(table(rows, list(rows[0])))
 
 

@@ -28,7 +28,7 @@ import json
 import math
 import time
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 import torch
 
@@ -100,6 +100,8 @@ def fit(cfg: TrainConfig, *, model: torch.nn.Module | None = None, model_factory
 
 @dataclass
 class Clock:
+    """The run's time: what is timed, what of it evaluations took, when the target was reached."""
+
     start: float  # after setup: the timed part of the run
     eval_s: float = 0.0  # seconds in validation/test passes (not training throughput)
     to_target: float | None = None  # seconds to --target-acc
@@ -157,7 +159,7 @@ def run_epochs(run: Run) -> Clock:
     return clock
 
 
-def _batches(loader) -> object:
+def _batches(loader) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """The loader's batches, each fetch timed as the profiler's ``data`` phase."""
     batches = iter(loader)
     while True:

@@ -246,11 +246,12 @@ def build_run(cfg: TrainConfig, run_dir: Path, device: torch.device, info: dist.
         configmod.save_toml(cfg, RunDir(run_dir).config)
     steps_per_epoch = len(train_loader)
     total = max(1, math.ceil(cfg.epochs * steps_per_epoch))
+    total = min(total, cfg.max_steps) if cfg.max_steps else total
     return Run(cfg=cfg, rec=rec, device=device, precision=precision, amp=Amp.create(precision, device),
                model=model, raw_model=raw_model, optimizer=optimizer, train_loader=train_loader,
                val_loader=val_loader, test_loader=test_loader, dir=RunDir(run_dir), info=info,
                resume=resume, model_factory=model_factory, steps_per_epoch=steps_per_epoch,
-               total=min(total, cfg.max_steps) if cfg.max_steps else total)
+               total=total, state=TrainState(total_steps=total))
 
 
 def _machine(cfg: TrainConfig, device: torch.device, info: dist.DistInfo,
@@ -329,7 +330,6 @@ def start(cfg: TrainConfig, device: torch.device, info: dist.DistInfo, held: con
     run = build_run(cfg, run_dir, device, info, resume, model, model_factory)
     cfg, primary = run.cfg, info.is_primary
     run.loss_fn = loss_fn
-    run.state.total_steps = run.total
     resume_step = (resume.step if resume is not None else 0) if cfg.resume else None
     if resume_step is not None and primary:
         truncate_metrics(run.dir.metrics, resume_step)
@@ -344,9 +344,9 @@ def start(cfg: TrainConfig, device: torch.device, info: dist.DistInfo, held: con
     if catch and primary:
         run.saver = Saver(checkpoint.CheckpointDir(run.dir.checkpoints, cfg.keep_checkpoints),
                           lambda: payload(run), "val" if run.val_loader is not None else "test")
-    run.step_fn = _step_fn(run)
     for line in headline(run):
         run.console.message(line)
+    run.step_fn = _step_fn(run)
     if cfg.init_from and resume is None:
         run.console.message(init_from(run))
     warm_up(run)
