@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import NoReturn
 
-from mnistflow.core import choices
+from mnistflow.core import choices, limits
 from mnistflow.core.errors import MnistflowError, one_line
 
 PROG = "mnistflow"
@@ -27,15 +27,6 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
-# Bounds of the other verbs' numeric flags (train's and profile's live on TrainConfig's fields).
-MAX_SIDE = 4096  # pixels of --input / --resize: MNIST-family images are tens of pixels a side
-MAX_CHANNELS = 1024
-MAX_CLASSES = 100_000  # as a model file's class_names
-MAX_SEED = 2**32 - 1  # as train's --seed (training.config.MAX_SEED)
-MAX_INT = 2**63 - 1
-MAX_PROCESSES = 1024
-
-
 def _int_in(low: int, high: int):
     """An argparse type: an integer from ``low`` to ``high``; anything else is a one-line error."""
     def parse(text: str) -> int:
@@ -44,7 +35,7 @@ def _int_in(low: int, high: int):
         except ValueError:
             n = None
         if n is None or not low <= n <= high:
-            allowed = f"from {low} to {high}" if high < MAX_INT else f">= {low}"
+            allowed = f"from {low} to {high}" if high < limits.MAX_INT else f">= {low}"
             raise argparse.ArgumentTypeError(f"expected an integer {allowed}, got '{text}'")
         return n
     return parse
@@ -53,11 +44,11 @@ def _int_in(low: int, high: int):
 def _size(text: str) -> tuple[int, int]:
     try:
         h, w = (int(v) for v in text.lower().split("x"))
-        if not (0 < h <= MAX_SIDE and 0 < w <= MAX_SIDE):
+        if not (0 < h <= limits.MAX_SIDE and 0 < w <= limits.MAX_SIDE):
             raise ValueError
         return h, w
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected HxW like 28x28 (sides 1 to {MAX_SIDE}), "
+        raise argparse.ArgumentTypeError(f"expected HxW like 28x28 (sides 1 to {limits.MAX_SIDE}), "
                                          f"got '{text}'") from None
 
 
@@ -70,10 +61,10 @@ def _add_prep(sub) -> None:
     p.add_argument("dataset", nargs="?", help=f"a known dataset: {HELP}")
     p.add_argument("--data", type=Path, help="raw input: a file or folder (default: $MNISTFLOW_DATA)")
     p.add_argument("--out", type=Path, help="records directory to write (default: in the cache)")
-    p.add_argument("--val-size", type=_int_in(0, MAX_INT), default=None,
+    p.add_argument("--val-size", type=_int_in(0, limits.MAX_INT), default=None,
                    help="validation images carved from train (default: 5000, or a tenth of a smaller set)")
-    p.add_argument("--seed", type=_int_in(0, MAX_SEED), default=0, help="seed of the train/validation split")
-    p.add_argument("--variants", type=_int_in(0, MAX_INT), default=0,
+    p.add_argument("--seed", type=_int_in(0, limits.MAX_SEED), default=0, help="seed of the train/validation split")
+    p.add_argument("--variants", type=_int_in(0, limits.MAX_INT), default=0,
                    help="augmented copies of train to write")
     p.add_argument("--resize", type=_size, help="resize folder/TFRecord images to HxW")
     p.add_argument("--image-key", default="image", help="TFRecord image feature name")
@@ -81,7 +72,7 @@ def _add_prep(sub) -> None:
     p.add_argument("--force", action="store_true",
                    help="rebuild even if up to date, or replace another dataset's record set at --out "
                         "(never other files)")
-    p.add_argument("--max-pixels", type=_int_in(1, MAX_INT), default=None, metavar="N",
+    p.add_argument("--max-pixels", type=_int_in(1, limits.MAX_INT), default=None, metavar="N",
                    help="largest picture decoded, in pixels, checked from its header before decoding "
                         "(default 16,777,216 = 4096x4096)")
     p.set_defaults(func=_run_prep)
@@ -161,7 +152,7 @@ def _train_flags(p: argparse.ArgumentParser, argv: list[str], verb_defaults: dic
     run = groups["run"]
     run.add_argument("-h", "--help", action="help", help="show this help message and exit")
     run.add_argument("--config", type=Path, help="a TOML file of settings (e.g. a run's config.toml)")
-    run.add_argument("--nproc", type=_int_in(1, MAX_PROCESSES), metavar="N",
+    run.add_argument("--nproc", type=_int_in(1, limits.MAX_LOCAL_PROCESSES), metavar="N",
                      help="data parallel on this machine: re-run this command under torchrun with N processes")
     for f in fields(TrainConfig):
         g, meta = groups[f.metadata["group"]], f.metadata
@@ -251,8 +242,8 @@ def _run_train(a) -> int:
 def _add_models(sub) -> None:
     p = sub.add_parser("models", help="list the registered models with parameter counts")
     p.add_argument("--input", type=_size, default=(28, 28), help="input HxW (default 28x28)")
-    p.add_argument("--channels", type=_int_in(1, MAX_CHANNELS), default=1)
-    p.add_argument("--classes", type=_int_in(1, MAX_CLASSES), default=10)
+    p.add_argument("--channels", type=_int_in(1, limits.MAX_CHANNELS), default=1)
+    p.add_argument("--classes", type=_int_in(1, limits.MAX_CLASSES), default=10)
     p.set_defaults(func=_run_models)
 
 
@@ -276,7 +267,7 @@ def _add_eval(sub) -> None:
     p.add_argument("--model", dest="model_name", help="the model name for an npz of parameters")
     p.add_argument("--data", type=Path, help="records or raw data (default: the model's own records)")
     p.add_argument("--device", default="auto")
-    p.add_argument("--batch-size", type=_int_in(1, MAX_INT), default=2000)
+    p.add_argument("--batch-size", type=_int_in(1, limits.MAX_INT), default=2000)
     p.add_argument("--tta", type=int, default=0, metavar="N",
                    help="average each prediction over N one-pixel shifts too (0, 2, 4, 8), as --tta in training")
     p.add_argument("--precision", default="auto", choices=choices.PRECISIONS,
@@ -308,7 +299,7 @@ def _add_predict(sub) -> None:
     p.add_argument("--device", default="cpu")
     p.add_argument("--model", dest="model_name", help="the model name for an npz of parameters")
     p.add_argument("--json", action="store_true")
-    p.add_argument("--max-pixels", type=_int_in(1, MAX_INT), default=None, metavar="N",
+    p.add_argument("--max-pixels", type=_int_in(1, limits.MAX_INT), default=None, metavar="N",
                    help="largest picture decoded, in pixels, checked from its header before decoding "
                         "(default 16,777,216 = 4096x4096)")
     p.set_defaults(func=_run_predict)
@@ -335,7 +326,7 @@ def _add_serve(sub) -> None:
     p.add_argument("--workers", type=_int_in(1, 1024), default=1, help="server processes, each with its own model")
     p.add_argument("--threads", type=_int_in(1, 1024), default=1, help="intra-op threads per request (default 1)")
     p.add_argument("--access-log", action="store_true", help="log every request")
-    p.add_argument("--max-pixels", type=_int_in(1, MAX_INT), default=None, metavar="N",
+    p.add_argument("--max-pixels", type=_int_in(1, limits.MAX_INT), default=None, metavar="N",
                    help="largest image a request may send, in pixels, checked from its header before decoding "
                         "(default 4,194,304 = 2048x2048; JPEGs decode at up to 1/8 scale first)")
     p.set_defaults(func=_run_serve)
@@ -394,9 +385,9 @@ def _add_summary(sub) -> None:
     p = sub.add_parser("summary", help="layers, output shapes, parameters, MACs; --variables lists them")
     p.add_argument("model", help="a registered model, a layer spec, a run directory or a model file")
     p.add_argument("--input", type=_size, help="input HxW (default: the model's, or 28x28)")
-    p.add_argument("--channels", type=_int_in(1, MAX_CHANNELS),
+    p.add_argument("--channels", type=_int_in(1, limits.MAX_CHANNELS),
                    help="input channels (default: the model's, or 1)")
-    p.add_argument("--classes", type=_int_in(1, MAX_CLASSES),
+    p.add_argument("--classes", type=_int_in(1, limits.MAX_CLASSES),
                    help="classes for a model name or spec (default 10)")
     p.add_argument("--variables", action="store_true", help="list every trainable variable with its shape")
     p.add_argument("--all", action="store_true", help="list all variables, buffers included")

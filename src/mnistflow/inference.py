@@ -146,7 +146,7 @@ def _read_images(paths: list[Path], in_shape: tuple[int, int, int], *, invert: b
                  mnist_style: bool, max_pixels: int | None) -> list[tuple[str, np.ndarray]]:
     """(name, model input) for PNG/JPEG files, or every image of an IDX file. Each picture's
     size is checked from its header before decoding (``data.picture.read_picture``: at most
-    ``max_pixels``, default ``data.picture.MAX_PIXELS``; only regular files) and it is brought
+    ``max_pixels``, default ``core.limits.MAX_PIXELS``; only regular files) and it is brought
     to the model's size at once, so only one full-size picture is in memory at a time. An IDX
     file is read as ``prep`` reads one (``idx.read_idx_images``: at least one image, pixels
     integers 0..255 whatever the IDX type)."""
@@ -216,7 +216,7 @@ def predict(model_path: str | Path, images: str | Path | list[str | Path] | np.n
     (PNG/JPEG files, or IDX files of many images), or a uint8 array (N, H, W, C) of images
     already at the model's size (numpy, or a torch tensor), named ``array[i]`` in the result.
 
-    ``max_pixels``: the largest picture decoded (default ``data.picture.MAX_PIXELS``, the
+    ``max_pixels``: the largest picture decoded (default ``core.limits.MAX_PIXELS``, the
     CLI's ``--max-pixels``); a larger one is refused from its header, before decoding."""
     given = _image_arg(images)  # checked before the model is loaded
     if not _is_array(given) and not given:

@@ -48,7 +48,7 @@ def test_nproc_reports_a_bad_setting_once_without_starting_processes(tmp_path):
 
 def test_models_refuses_impossible_sizes_and_counts_huge_ones_without_allocating():
     assert_one_line_error(run_cli("models", "--channels", "-1"),
-                          "argument --channels: expected an integer from 1 to 1024, got '-1'")
+                          "argument --channels: expected an integer from 1 to 64, got '-1'")
     # seed-cnn on 4096x4096 inputs holds ~69 billion weights (275 GB in fp32): counted on the
     # meta device, the listing succeeds in the memory of a normal one
     proc = run_cli("models", "--input", "4096x4096")

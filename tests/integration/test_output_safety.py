@@ -244,17 +244,17 @@ def test_a_fifo_is_refused_not_read(copy, name):
 
 
 def test_run_files_are_read_with_a_cap(copy):
-    from mnistflow.artifacts.runlog import MAX_METRICS_BYTES, MAX_SMALL_BYTES
+    from mnistflow.core import limits
 
     shutil.copy(copy / "metrics.jsonl", copy / "m.bak")
     with open(copy / "metrics.jsonl", "r+b") as f:  # sparse: no disk, no memory unless read
-        f.truncate(MAX_METRICS_BYTES + 1)
+        f.truncate(limits.MAX_METRICS_BYTES + 1)
     with pytest.raises(MnistflowError, match=r"metrics\.jsonl: a metrics log of 67,108,865 bytes is over "
                                              r"the 67,108,864-byte limit"):
         report(copy, device="cpu")
     os.replace(copy / "m.bak", copy / "metrics.jsonl")
     with open(copy / "summary.json", "r+b") as f:
-        f.truncate(MAX_SMALL_BYTES + 1)
+        f.truncate(limits.MAX_RUN_FILE_BYTES + 1)
     with pytest.raises(MnistflowError, match=r"summary\.json: a run file of 4,194,305 bytes is over the "
                                              r"4,194,304-byte limit"):
         report(copy, device="cpu")

@@ -16,6 +16,7 @@ import torch.nn as nn
 from helpers.blocking import deadline
 from mnistflow.artifacts import checkpoint, runlog
 from mnistflow.artifacts.load import load_any
+from mnistflow.core import limits
 from mnistflow.core.errors import MnistflowError
 
 INFO = {"model": "mlp", "in_shape": [1, 28, 28], "class_names": [str(i) for i in range(10)],
@@ -161,14 +162,14 @@ def _zero_link(p):
 
 def _sparse(p):
     with open(p, "wb") as f:
-        f.truncate(checkpoint.MAX_CHECKPOINT_BYTES + 1)
+        f.truncate(limits.MAX_CHECKPOINT_BYTES + 1)
 
 
 @pytest.mark.parametrize("plant, reason", [
     (_zero_link, "not a regular file (a device)"),
     (os.mkfifo, "not a regular file (a FIFO)"),
-    (_sparse, (f"checkpoint of {checkpoint.MAX_CHECKPOINT_BYTES + 1:,} bytes is over the "
-               f"{checkpoint.MAX_CHECKPOINT_BYTES:,}-byte limit")),
+    (_sparse, (f"checkpoint of {limits.MAX_CHECKPOINT_BYTES + 1:,} bytes is over the "
+               f"{limits.MAX_CHECKPOINT_BYTES:,}-byte limit")),
 ])
 def test_an_unreadable_newest_candidate_falls_back_unread(tmp_path, plant, reason, capsys):
     good = checkpoint.write(tmp_path / "step-000007.pt", _payload())

@@ -10,9 +10,10 @@ import pytest
 from helpers import memory
 from helpers.blocking import deadline
 from mnistflow.artifacts import runlog
+from mnistflow.core import limits
 from mnistflow.core.errors import MnistflowError
 
-LONG = b"x" * (runlog.MAX_METRICS_LINE * 2 + 5)  # a foreign line, longer than any record
+LONG = b"x" * (limits.MAX_METRICS_LINE * 2 + 5)  # a foreign line, longer than any record
 HOSTILE = (b'{"step": 5, "loss": 1}\n' + LONG + b'\n{"step": 7}\n{"step": "x"}\n[1, 2]\n\xff\xfe\n'
            b'{"kind": "val"}\n{"step": 9}\n{"step": 10, "lo')  # ends torn, mid-record
 

@@ -242,7 +242,8 @@ def test_more_threads_than_cores_is_allowed_with_a_warning(monkeypatch, caplog):
 # --- the command line, in-process -----------------------------------------------------------
 
 @pytest.mark.parametrize("argv, fragment", [
-    (["models", "--channels", "-1"], "argument --channels: expected an integer from 1 to 1024, got '-1'"),
+    (["models", "--channels", "-1"], "argument --channels: expected an integer from 1 to 64, got '-1'"),
+    (["summary", "seed-cnn", "--channels", "65"], "argument --channels: expected an integer from 1 to 64, got '65'"),
     (["models", "--classes", "0"], "argument --classes: expected an integer from 1 to 100000, got '0'"),
     (["models", "--input", "0x28"], "argument --input: expected HxW like 28x28 (sides 1 to 4096)"),
     (["summary", "seed-cnn", "--input", "100000x100000"], "argument --input: expected HxW"),

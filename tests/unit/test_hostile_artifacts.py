@@ -16,11 +16,11 @@ import torch
 from safetensors.torch import save_file
 
 from helpers.blocking import deadline
-from mnistflow.artifacts import checkpoint
 from mnistflow.artifacts.load import load_any
-from mnistflow.artifacts.model_file import MAX_MODEL_BYTES, save_model
+from mnistflow.artifacts.model_file import save_model
 from mnistflow.artifacts.model_info import ModelInfo, check_model_info
 from mnistflow.artifacts.npz import read_npz, write_npz
+from mnistflow.core import limits
 from mnistflow.core.errors import MnistflowError
 from mnistflow.models import create_model
 
@@ -65,6 +65,8 @@ BAD_META = [
     ("a json list", [1, 2], "expected a JSON object, got list"),
     ("missing keys", {k: v for k, v in BASE.items() if k not in ("mean", "std")}, "missing mean, std"),
     ("in_shape huge", dict(BASE, in_shape=[1, 100000, 100000]), "in_shape 1x100000x100000 is too large"),
+    ("65 channels", dict(BASE, in_shape=[65, 28, 28], mean=[0.0] * 65, std=[1.0] * 65),
+     "in_shape 65x28x28 is too large (at most 64 channels"),  # as the CLI's --channels (core.limits)
     ("in_shape text", dict(BASE, in_shape="1x28x28"), "in_shape must be 3 positive integers"),
     ("in_shape negative", dict(BASE, in_shape=[1, -28, 28]), "in_shape must be 3 positive integers"),
     ("in_shape bools", dict(BASE, in_shape=[True, 28, 28]), "in_shape must be 3 positive integers"),
@@ -181,10 +183,8 @@ def test_npz_bomb_is_refused_from_its_headers(tmp_path):
 
 
 def test_npz_total_size_cap(tmp_path, monkeypatch):
-    from mnistflow.artifacts import npz
-
     np.savez(tmp_path / "big.npz", a=np.zeros(300, np.float32), b=np.zeros(300, np.float32))
-    monkeypatch.setattr(npz, "MAX_NPZ_BYTES", 2000)
+    monkeypatch.setattr(limits, "MAX_NPZ_BYTES", 2000)
     with pytest.raises(MnistflowError, match="the arrays declare over 2,000 bytes"):
         read_npz(tmp_path / "big.npz")
 
@@ -293,7 +293,7 @@ def test_a_run_directorys_fifo_model_file_is_refused_not_skipped(tmp_path):
 @pytest.mark.parametrize("name", ["m.onnx", "m.safetensors", "m.pt"])
 def test_a_sparse_model_file_over_the_cap_is_refused_unread(tmp_path, name):
     p = tmp_path / name
-    cap = checkpoint.MAX_CHECKPOINT_BYTES if name.endswith(".pt") else MAX_MODEL_BYTES
+    cap = limits.MAX_CHECKPOINT_BYTES if name.endswith(".pt") else limits.MAX_MODEL_BYTES
     with open(p, "wb") as f:
         f.truncate(cap + 1)
     errors = []

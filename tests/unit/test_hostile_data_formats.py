@@ -20,11 +20,11 @@ import pytest
 from helpers.images import bomb_png
 
 from helpers.blocking import deadline
+from mnistflow.core import limits
 from mnistflow.core.errors import MnistflowError
 from mnistflow.data.formats import cifar, csv, idx, npz, tfrecord
 from mnistflow.data.formats.folder import decode_image, read_image_folder
-from mnistflow.data.formats.raw import MAX_CLASSES
-from mnistflow.data.picture import MAX_PIXELS, read_picture
+from mnistflow.data.picture import read_picture
 from mnistflow.data.prepare import prepare
 from mnistflow.data.formats.idx import read_idx_folder
 
@@ -115,7 +115,7 @@ def test_d1_batches_are_capped_at_cifar_size(tmp_path):
     raw = cifar.read_cifar10(tmp_path, names)
     assert raw.train.x.shape == (n, 32, 32, 3)
     # More images than a batch holds: refused, whether by the count or the opcode budget.
-    big = cifar.MAX_BATCH_IMAGES + 1
+    big = limits.MAX_CIFAR_BATCH_IMAGES + 1
     over = {b"data": np.zeros((big, 3072), np.uint8), b"labels": [0] * big}
     with pytest.raises(MnistflowError, match="images in one batch|opcodes"):
         cifar._batch(pickle.dumps(over, protocol=2), "x", 10)
@@ -126,7 +126,7 @@ def test_d1_batches_are_capped_at_cifar_size(tmp_path):
     huge = tmp_path / "big" / "data_batch_1"
     huge.parent.mkdir()
     with open(huge, "wb") as f:
-        f.truncate(cifar.MAX_BATCH_BYTES + 1)  # sparse: costs no disk
+        f.truncate(limits.MAX_CIFAR_BATCH_BYTES + 1)  # sparse: costs no disk
     with peak_memory(4 * MiB), pytest.raises(MnistflowError, match="more than a CIFAR-10 batch"):
         cifar.read_cifar10(huge.parent, names)
 
@@ -142,7 +142,7 @@ def test_d3_one_huge_idx_label_is_an_error_not_billions_of_names(tmp_path):
     with peak_memory(8 * MiB), pytest.raises(MnistflowError, match=r"record 3: label 2147483647 is not a class index"):
         read_idx_folder(tmp_path)
     # the cap is the one the other readers use: the largest class index is MAX_CLASSES - 1
-    y[3] = MAX_CLASSES
+    y[3] = limits.MAX_CLASSES
     (tmp_path / "train-labels-idx1-ubyte.gz").write_bytes(gzip.compress(idx_bytes(y.shape, y.tobytes(), 0x0C)))
     with pytest.raises(MnistflowError, match="not a class index"):
         read_idx_folder(tmp_path)
@@ -207,7 +207,7 @@ def test_d4_tfrecord_gzip_bomb_fails_on_the_first_header(tmp_path):
 
 
 def test_d4_tfrecord_record_length_is_capped_before_reading(tmp_path):
-    length = struct.pack("<Q", tfrecord.MAX_RECORD_BYTES + 1)
+    length = struct.pack("<Q", limits.MAX_TFRECORD_BYTES + 1)
     head = length + struct.pack("<I", tfrecord._mask(tfrecord.crc32c(length)))
     p = tmp_path / "big.tfrecord.gz"
     p.write_bytes(gzip.compress(head + b"\0" * 100))
@@ -220,7 +220,7 @@ def test_d4_csv_gzip_with_one_huge_line_is_refused_at_the_line_cap(tmp_path):
     line = b"1," + b"0," * (20 * MiB) + b"0\n"  # 40 MiB on one line -> ~40 KB of gzip
     p.write_bytes(gzip.compress(line, 6))
     # at most the line cap twice (a buffered readline's copy), never the 40 MiB line itself
-    with peak_memory(2 * csv.MAX_LINE_BYTES + 4 * MiB), pytest.raises(MnistflowError, match="line 1 is longer than"):
+    with peak_memory(2 * limits.MAX_CSV_LINE_BYTES + 4 * MiB), pytest.raises(MnistflowError, match="line 1 is longer than"):
         csv.read_csv(p)
 
 
@@ -246,7 +246,7 @@ def test_d9_decompression_bomb_png_is_refused_before_decoding(tmp_path):
 
 
 def test_d9_the_pixel_cap_is_documented_and_adjustable(tmp_path):
-    assert MAX_PIXELS == 4096 * 4096
+    assert limits.MAX_PIXELS == 4096 * 4096
     p = tmp_path / "wide.png"
     p.write_bytes(bomb_png(5000, 4000))  # 20 Mpx: over the default cap
     with pytest.raises(MnistflowError, match="--max-pixels"):

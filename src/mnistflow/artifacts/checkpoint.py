@@ -43,8 +43,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from mnistflow.artifacts.model_file import MAX_MODEL_BYTES, load_weights, unwrap
+from mnistflow.artifacts.model_file import load_weights, unwrap
 from mnistflow.artifacts.rundir import CHECKPOINTS
+from mnistflow.core import limits
 from mnistflow.core.errors import MnistflowError, display
 from mnistflow.core.fsutil import NotReadable, atomic_write, atomic_write_text, fsync_dir, open_regular, \
     read_regular
@@ -61,12 +62,6 @@ SUPERSEDED = "superseded"  # checkpoints of an abandoned timeline (a resume from
 _STEP_FILE = re.compile(r"^step-(\d+)\.pt$")
 PAYLOAD_KEYS = ("format_version", "model", "optimizer", "scheduler", "scaler", "rng", "train_state",
                 "config", "data", "model_info")
-# The largest checkpoint file read: a checkpoint is read whole (its checksum is verified before
-# anything is unpickled), so this bounds the memory a candidate can take: room for the weights
-# of a model at the model-file cap plus an optimizer's two moments and the rest. A larger file
-# (a sparse file, a link to /dev/zero) is a corrupt candidate: skipped by ``find_latest``.
-MAX_CHECKPOINT_BYTES = 4 * MAX_MODEL_BYTES
-MAX_POINTER_BYTES = 4096  # the ``last`` / ``best`` pointer files: one file name
 
 class CorruptCheckpoint(MnistflowError):
     """A checkpoint file that is truncated, altered or not a checkpoint at all."""
@@ -173,7 +168,7 @@ def read_header(path: str | Path) -> dict:
         with _open(p) as f:
             first = f.read(len(MAGIC))
             if first == MAGIC:
-                return json.loads(f.readline(1 << 20))
+                return json.loads(f.readline(limits.MAX_CHECKPOINT_HEADER_BYTES))
             if first.startswith(ZIP_MAGIC):
                 f.seek(0)
                 return _zip_header(f, p)[0]
@@ -189,7 +184,7 @@ def _open(path: Path):
     refused at once, never waited on); anything else is a ``CorruptCheckpoint`` (or "no such
     file")."""
     try:
-        return open_regular(path, MAX_CHECKPOINT_BYTES, "checkpoint")
+        return open_regular(path, limits.MAX_CHECKPOINT_BYTES, "checkpoint")
     except MnistflowError as e:  # NotReadable, or a file gone meanwhile
         raise CorruptCheckpoint(e.detail, path) from None
 
@@ -213,8 +208,10 @@ def _check_body(head: dict, body: bytes | memoryview, path: Path) -> None:
 
 def _read_verified(path: Path) -> tuple[dict, bytes]:
     """(header, the bytes torch.load reads) after checking size and checksum."""
-    try:  # a regular file of at most MAX_CHECKPOINT_BYTES, checked before a byte is read
-        data = read_regular(path, MAX_CHECKPOINT_BYTES, "checkpoint")
+    # read whole, the checksum before any unpickling: a file over the cap (a sparse file, a link to
+    # /dev/zero) is refused before a byte is read, a corrupt candidate that find_latest skips
+    try:
+        data = read_regular(path, limits.MAX_CHECKPOINT_BYTES, "checkpoint")
     except NotReadable as e:
         raise CorruptCheckpoint(e.detail, path) from None
     if data.startswith(MAGIC):  # version 1: header line, then the torch.save bytes
@@ -377,7 +374,7 @@ def find_latest(folder: str | Path, *, quiet: bool = False) -> Path | None:
 def read_pointer(folder: str | Path, name: str) -> Path | None:
     p = Path(folder) / name
     try:
-        target = read_regular(p, MAX_POINTER_BYTES, "pointer file").decode().strip()
+        target = read_regular(p, limits.MAX_POINTER_BYTES, "pointer file").decode().strip()
     except (MnistflowError, UnicodeDecodeError):
         return None
     q = Path(folder) / target

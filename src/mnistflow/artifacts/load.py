@@ -20,11 +20,12 @@ import torch
 import torch.nn as nn
 
 from mnistflow.artifacts import checkpoint
-from mnistflow.artifacts.model_file import MAX_MODEL_BYTES, MODEL_FILE, build_model, load_model, load_weights
+from mnistflow.artifacts.model_file import MODEL_FILE, build_model, load_model, load_weights
 from mnistflow.artifacts.model_info import ModelInfo, check_model_info, info_from_records
 from mnistflow.artifacts.npz import as_tensors, read_npz
 from mnistflow.artifacts.onnx import OnnxBackend, load_onnx
 from mnistflow.artifacts.rundir import RunDir
+from mnistflow.core import limits
 from mnistflow.core.errors import MnistflowError
 from mnistflow.core.fsutil import regular_file
 
@@ -76,7 +77,7 @@ def resolve(path: str | Path) -> Path:
     if p.is_dir():
         run = RunDir(p)
         if os.path.lexists(run.model):  # a FIFO or a device there is refused, not skipped
-            return regular_file(run.model, MAX_MODEL_BYTES, "model file")
+            return regular_file(run.model, limits.MAX_MODEL_BYTES, "model file")
         latest = checkpoint.find_latest(run.checkpoints if run.checkpoints.is_dir() else p)
         if latest is None:
             raise MnistflowError(f"no {MODEL_FILE} and no valid checkpoint in this directory "
@@ -106,7 +107,7 @@ def load_any(path: str | Path, model_name: str | None = None, device: torch.devi
     if checkpoint.is_checkpoint_file(p):
         return load_checkpoint_model(p, device, model_name)
     if suffix in PLAIN_TORCH_SUFFIXES:
-        regular_file(p, checkpoint.MAX_CHECKPOINT_BYTES, "torch file")  # before torch opens it
+        regular_file(p, limits.MAX_CHECKPOINT_BYTES, "torch file")  # before torch opens it
         obj = checkpoint.safe_torch_load(p, p)  # refuses pickle payloads with a clear error
         raise MnistflowError("not a mnistflow checkpoint (a plain torch file"
                              f"{' of ' + str(len(obj)) + ' entries' if isinstance(obj, dict) else ''}); "

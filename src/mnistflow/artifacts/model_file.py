@@ -27,6 +27,7 @@ import torch.nn as nn
 
 from mnistflow.artifacts.model_info import META_KEY, ModelInfo, info_from_json
 from mnistflow.artifacts.rundir import MODEL, RunDir
+from mnistflow.core import limits
 from mnistflow.core.errors import MnistflowError
 from mnistflow.core.fsutil import atomic_write_bytes, open_regular
 
@@ -280,21 +281,13 @@ def resolve_model_path(path: str | Path) -> Path:
     return p
 
 
-MAX_HEADER_BYTES = 64 * 1024 * 1024  # a safetensors JSON header (names, shapes, metadata)
-# The largest model file read (model.safetensors, .onnx, the weights in a checkpoint): its
-# tensors are read whole, so this bounds the memory one takes. mnistflow's largest registered
-# model (seed-cnn, 3.3M parameters) is 13 MB in fp32: the cap leaves room for models 40 times
-# its size, and refuses a sparse file or a link to /dev/zero before a byte is read.
-MAX_MODEL_BYTES = 512 * 1024 ** 2
-
-
 def _check_safetensors_header(p: Path) -> None:
-    """A regular file of at most ``MAX_MODEL_BYTES`` (``fsutil.open_regular``: a FIFO or a
+    """A regular file of at most ``limits.MAX_MODEL_BYTES`` (``fsutil.open_regular``: a FIFO or a
     device is refused, never opened by the library), then the 8-byte header length against the
-    file size and ``MAX_HEADER_BYTES``, before the safetensors library reads (and allocates
+    file size and ``limits.MAX_SAFETENSORS_HEADER_BYTES``, before the safetensors library reads (and allocates
     for) the header."""
     try:
-        with open_regular(p, MAX_MODEL_BYTES, "model file") as f:
+        with open_regular(p, limits.MAX_MODEL_BYTES, "model file") as f:
             head = f.read(8)
             size = os.fstat(f.fileno()).st_size
     except OSError as e:
@@ -302,9 +295,9 @@ def _check_safetensors_header(p: Path) -> None:
     if len(head) < 8:
         raise MnistflowError("not a safetensors model (shorter than its 8-byte header length)", p)
     n = int.from_bytes(head, "little")
-    if n > min(MAX_HEADER_BYTES, size - 8):
+    if n > min(limits.MAX_SAFETENSORS_HEADER_BYTES, size - 8):
         raise MnistflowError(f"not a safetensors model (header of {n:,} bytes in a file of "
-                             f"{size:,}; at most {MAX_HEADER_BYTES:,})", p)
+                             f"{size:,}; at most {limits.MAX_SAFETENSORS_HEADER_BYTES:,})", p)
 
 
 def _open_model_file(p: Path) -> tuple[dict[str, tuple[int, ...]], ModelInfo]:

@@ -19,9 +19,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
+from mnistflow.core import limits
 from mnistflow.core.errors import MnistflowError
 from mnistflow.core.log import warn
-from mnistflow.data.formats.raw import MAX_CLASSES  # as the record readers' label cap
 
 if TYPE_CHECKING:
     from mnistflow.data.records import Records
@@ -91,14 +91,8 @@ def info_label(info: ModelInfo) -> str:
 
 
 # --- the check of a model file's info (untrusted input) ----------------------------------------
+# (the bounds are in ``core.limits``: a file that declares more is refused before memory is sized)
 
-# Limits a model file's description must respect; anything beyond is what only a hostile or
-# corrupt file would declare, and is refused before any memory is sized from it.
-MAX_META_CHARS = 16 * 1024 * 1024  # the metadata JSON
-MAX_CLASS_NAME = 1_000  # characters
-MAX_CHANNELS = 64
-MAX_INPUT_VALUES = 1 << 24  # C * H * W of one input image
-MAX_MODEL_NAME = 10_000  # characters of a name or layer spec
 _REQUIRED = ("model", "in_shape", "class_names", "mean", "std")
 
 
@@ -123,19 +117,19 @@ _Check = tuple[str, Callable[[Any, dict], bool], Callable[[Any, dict], str]]
 # (field, its test given the fields checked before it, the error), in order; a field absent
 # from the file (only an optional one can be) is not checked
 _CHECKS: tuple[_Check, ...] = (
-    ("model", lambda v, d: isinstance(v, str) and bool(v.strip()) and len(v) <= MAX_MODEL_NAME,
-     lambda v, d: f"model must be a non-empty name of at most {MAX_MODEL_NAME:,} characters"),
+    ("model", lambda v, d: isinstance(v, str) and bool(v.strip()) and len(v) <= limits.MAX_MODEL_NAME,
+     lambda v, d: f"model must be a non-empty name of at most {limits.MAX_MODEL_NAME:,} characters"),
     ("in_shape", lambda v, d: isinstance(v, list) and len(v) == 3 and all(_is_int(x) and x > 0 for x in v),
      lambda v, d: f"in_shape must be 3 positive integers (C, H, W), got {str(v)[:80]}"),
-    ("in_shape", lambda v, d: v[0] <= MAX_CHANNELS and v[0] * v[1] * v[2] <= MAX_INPUT_VALUES,
-     lambda v, d: f"in_shape {v[0]}x{v[1]}x{v[2]} is too large (at most {MAX_CHANNELS} channels and "
-                  f"{MAX_INPUT_VALUES:,} values per image)"),
+    ("in_shape", lambda v, d: v[0] <= limits.MAX_CHANNELS and v[0] * v[1] * v[2] <= limits.MAX_INPUT_VALUES,
+     lambda v, d: f"in_shape {v[0]}x{v[1]}x{v[2]} is too large (at most {limits.MAX_CHANNELS} channels and "
+                  f"{limits.MAX_INPUT_VALUES:,} values per image)"),
     ("class_names", lambda v, d: isinstance(v, list),
-     lambda v, d: f"class_names must be a list of 1 to {MAX_CLASSES:,} names"),
-    ("class_names", lambda v, d: 1 <= len(v) <= MAX_CLASSES,
-     lambda v, d: f"class_names must be a list of 1 to {MAX_CLASSES:,} names, got {len(v):,}"),
-    ("class_names", lambda v, d: all(isinstance(n, str) and len(n) <= MAX_CLASS_NAME for n in v),
-     lambda v, d: f"class_names must be strings of at most {MAX_CLASS_NAME:,} characters"),
+     lambda v, d: f"class_names must be a list of 1 to {limits.MAX_CLASSES:,} names"),
+    ("class_names", lambda v, d: 1 <= len(v) <= limits.MAX_CLASSES,
+     lambda v, d: f"class_names must be a list of 1 to {limits.MAX_CLASSES:,} names, got {len(v):,}"),
+    ("class_names", lambda v, d: all(isinstance(n, str) and len(n) <= limits.MAX_CLASS_NAME for n in v),
+     lambda v, d: f"class_names must be strings of at most {limits.MAX_CLASS_NAME:,} characters"),
     *((key, _per_channel, lambda v, d, key=key: f"{key} must be {d['in_shape'][0]} finite number(s), "
                                                f"one per channel, got {str(v)[:80]}")
       for key in ("mean", "std")),
@@ -152,8 +146,8 @@ _CHECKS: tuple[_Check, ...] = (
 
 def check_model_info(d: object, where: str | Path | None = None) -> ModelInfo:
     """A ``ModelInfo`` from its dict form as a file holds it, every field checked for type,
-    range and consistency (``_CHECKS``: in_shape of 3 positive ints within ``MAX_INPUT_VALUES``,
-    1..``MAX_CLASSES`` class names, one finite mean and positive std per channel). Unknown keys
+    range and consistency (``_CHECKS``: in_shape of 3 positive ints within ``limits.MAX_INPUT_VALUES``,
+    1..``limits.MAX_CLASSES`` class names, one finite mean and positive std per channel). Unknown keys
     (a newer mnistflow's) are ignored, and a file from before ``factory`` or ``label_values``
     existed gets their defaults; anything wrong is one ``MnistflowError``."""
     def bad(why: str) -> MnistflowError:
@@ -174,10 +168,10 @@ def check_model_info(d: object, where: str | Path | None = None) -> ModelInfo:
 
 
 def info_from_json(text: str, where: str | Path) -> ModelInfo:
-    """A ModelInfo from its JSON (see ``check_model_info``), refused past ``MAX_META_CHARS``."""
-    if not isinstance(text, str) or len(text) > MAX_META_CHARS:
+    """A ModelInfo from its JSON (see ``check_model_info``), refused past ``limits.MAX_MODEL_META_CHARS``."""
+    if not isinstance(text, str) or len(text) > limits.MAX_MODEL_META_CHARS:
         raise MnistflowError(f"unreadable mnistflow metadata (not text of at most "
-                             f"{MAX_META_CHARS:,} characters)", where)
+                             f"{limits.MAX_MODEL_META_CHARS:,} characters)", where)
     try:
         d = json.loads(text)
     except (ValueError, RecursionError) as e:

@@ -23,7 +23,8 @@ import torch
 import torch.nn as nn
 
 from mnistflow.artifacts.model_file import WeightsFit, check_fit, check_values, unwrap
-from mnistflow.artifacts.model_info import MAX_META_CHARS, ModelInfo, check_model_info
+from mnistflow.artifacts.model_info import ModelInfo, check_model_info
+from mnistflow.core import limits
 from mnistflow.core.errors import MnistflowError, display
 from mnistflow.core.fsutil import atomic_write_bytes, regular_file
 
@@ -61,8 +62,6 @@ def write_npz(path: str | Path, arrays: dict[str, np.ndarray], info: ModelInfo |
     atomic_write_bytes(path, buf.getvalue())
 
 
-MAX_NPZ_BYTES = 4 * 1024 ** 3  # all arrays of one npz together, as their headers declare them
-MAX_NPZ_FILE_BYTES = MAX_NPZ_BYTES + 64 * 1024 ** 2  # the file: its arrays, headers and zip directory
 NUMBER_KINDS = "biuf"  # bool, signed and unsigned integers, floats
 
 
@@ -70,7 +69,7 @@ def check_npz(p: Path) -> None:
     """Every member's ``.npy`` header against the zip directory, before any array is read: a
     member must be a plain number array (no text, no pickled objects) whose declared shape and
     dtype account for exactly its stored size, and all of them together at most
-    ``MAX_NPZ_BYTES``. A file that is not a zip is refused here too."""
+    ``limits.MAX_NPZ_BYTES``. A file that is not a zip is refused here too."""
     import zipfile
 
     from numpy.lib import format as npf
@@ -105,8 +104,8 @@ def check_npz(p: Path) -> None:
                                          f"{dtype} ({nbytes:,} bytes) but stores "
                                          f"{max(zi.file_size - header, 0):,}", p)
                 total += nbytes
-                if total > MAX_NPZ_BYTES:
-                    raise MnistflowError(f"the arrays declare over {MAX_NPZ_BYTES:,} bytes", p)
+                if total > limits.MAX_NPZ_BYTES:
+                    raise MnistflowError(f"the arrays declare over {limits.MAX_NPZ_BYTES:,} bytes", p)
     except FileNotFoundError:
         raise MnistflowError("no such file", p) from None
     except (OSError, zipfile.BadZipFile, EOFError, NotImplementedError) as e:
@@ -116,7 +115,7 @@ def check_npz(p: Path) -> None:
 def read_npz(path: str | Path) -> tuple[dict[str, np.ndarray], ModelInfo | None]:
     """(name -> array, info or None) from an npz, each member's header checked first
     (``check_npz``), then opened with ``allow_pickle=False``."""
-    p = regular_file(path, MAX_NPZ_FILE_BYTES, "npz")  # a FIFO would block, a device never end
+    p = regular_file(path, limits.MAX_NPZ_FILE_BYTES, "npz")  # a FIFO would block, a device never end
     check_npz(p)
     try:
         with np.load(p, allow_pickle=False) as z:
@@ -128,7 +127,7 @@ def read_npz(path: str | Path) -> tuple[dict[str, np.ndarray], ModelInfo | None]
     info = None
     raw = arrays.pop(NPZ_META_KEY, None)
     if raw is not None:
-        if raw.dtype != np.uint8 or raw.ndim != 1 or raw.size > MAX_META_CHARS:
+        if raw.dtype != np.uint8 or raw.ndim != 1 or raw.size > limits.MAX_MODEL_META_CHARS:
             raise MnistflowError(f"'{NPZ_META_KEY}' entry is not uint8 JSON", p)
         try:
             meta = json.loads(raw.tobytes().decode()) if raw.size else {}

@@ -25,8 +25,9 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from mnistflow.artifacts.model_file import MAX_MODEL_BYTES, unwrap
+from mnistflow.artifacts.model_file import unwrap
 from mnistflow.artifacts.model_info import META_KEY, ModelInfo, info_from_json
+from mnistflow.core import limits
 from mnistflow.core.errors import MnistflowError, import_optional
 from mnistflow.core.fsutil import regular_file
 from mnistflow.data.normalize import normalize_np
@@ -151,15 +152,12 @@ def _source_params(path: Path, info: ModelInfo) -> int | None:
         return None
 
 
-MAX_ONNX_VALUES = 1 << 30  # initializer elements in one model, all together
-
-
 def check_onnx_file(path: Path) -> None:
     """Each initializer's declared shape and type against the bytes it carries (external data
     is refused: ``mnistflow export`` never writes it), all together at most
-    ``MAX_ONNX_VALUES``, before onnxruntime allocates anything; the file itself must be a
-    regular file of at most ``MAX_MODEL_BYTES`` (checked first, even without ``onnx``)."""
-    path = regular_file(path, MAX_MODEL_BYTES, "ONNX model")
+    ``limits.MAX_ONNX_VALUES``, before onnxruntime allocates anything; the file itself must be a
+    regular file of at most ``limits.MAX_MODEL_BYTES`` (checked first, even without ``onnx``)."""
+    path = regular_file(path, limits.MAX_MODEL_BYTES, "ONNX model")
     try:
         import onnx
         from onnx import TensorProto, helper
@@ -179,8 +177,8 @@ def check_onnx_file(path: Path) -> None:
             raise MnistflowError(f"initializer '{t.name[:80]}' has a negative dimension", path)
         n = math.prod(t.dims)
         total += n
-        if total > MAX_ONNX_VALUES:
-            raise MnistflowError(f"the initializers declare over {MAX_ONNX_VALUES:,} values", path)
+        if total > limits.MAX_ONNX_VALUES:
+            raise MnistflowError(f"the initializers declare over {limits.MAX_ONNX_VALUES:,} values", path)
         try:
             size = np.dtype(helper.tensor_dtype_to_np_dtype(t.data_type)).itemsize
         except Exception:
@@ -230,7 +228,7 @@ def _check_io(sess, info: ModelInfo, path: Path) -> None:
 def load_onnx(path: str | Path, threads: int | None = None) -> tuple[OnnxBackend, ModelInfo]:
     """An ``.onnx`` file written by ``mnistflow export`` as a backend, and its info; the
     initializers, the metadata and the input/output shapes are validated."""
-    p = regular_file(path, MAX_MODEL_BYTES, "ONNX model")  # before onnx / onnxruntime read it whole
+    p = regular_file(path, limits.MAX_MODEL_BYTES, "ONNX model")  # before onnx / onnxruntime read it whole
     check_onnx_file(p)
     sess = session(p, threads)
     try:

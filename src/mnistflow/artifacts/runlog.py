@@ -6,8 +6,8 @@ summary.json (``training.observe`` writes them; ``rundir`` names them).
     load_run -> RunLog                what a run directory says about itself (for reports)
     end_of_run_table                  the table every run ends with (``mnistflow report`` too)
 
-Every run file is read with a cap (``MAX_METRICS_BYTES``, ``MAX_METRICS_LINE``,
-``MAX_SMALL_BYTES``): memory stays bounded whatever a directory holds, and a file that is not a
+Every run file is read with a cap (``core.limits``: ``MAX_METRICS_BYTES``, ``MAX_METRICS_LINE``,
+``MAX_RUN_FILE_BYTES``): memory stays bounded whatever a directory holds, and a file that is not a
 regular one (a FIFO would block the read) is refused. What a tampered ``summary.json`` or
 ``config.toml`` holds is checked before it is shown: a field of the wrong type is one error line
 naming the file and field.
@@ -23,11 +23,10 @@ from pathlib import Path
 from typing import BinaryIO
 
 from mnistflow.artifacts.rundir import METRICS, RunDir
-from mnistflow.core import compat
+from mnistflow.core import compat, limits
 from mnistflow.core.errors import MnistflowError, os_error
 from mnistflow.core.fsutil import atomic_write, open_regular, read_regular
 
-MAX_SMALL_BYTES = 4 << 20  # summary.json, config.toml: a few KiB when a training writes them
 # summary.json fields shown as numbers (each may be null, or missing: then not shown)
 SUMMARY_NUMBERS = ("wall_s", "time_to_target_s", "epochs", "steps", "img_per_s", "train_s", "train_img_per_s",
                    "data_wait_frac", "peak_rss_mb", "val_acc", "test_acc", "tta", "gpu_peak_allocated_mb",
@@ -61,12 +60,12 @@ def type_name(v: object) -> str:
 
 def read_small(path: str | Path) -> str | None:
     """The text of a small run file (summary.json, config.toml), or None if there is none; at
-    most ``MAX_SMALL_BYTES`` are read (a 1 GiB sparse file is refused, not loaded), and a
+    most ``limits.MAX_RUN_FILE_BYTES`` are read (a 1 GiB sparse file is refused, not loaded), and a
     file that is not regular or not UTF-8 is a ``MnistflowError`` naming it."""
     if not os.path.lexists(path):
         return None
     try:
-        data = read_regular(path, MAX_SMALL_BYTES, "a run file")
+        data = read_regular(path, limits.MAX_RUN_FILE_BYTES, "a run file")
     except OSError as e:
         raise os_error(e, path) from None
     try:
@@ -101,13 +100,9 @@ def read_summary(path: str | Path) -> dict | None:
     return check_summary(parsed, path)
 
 
-MAX_METRICS_BYTES = 64 << 20  # ~250,000 logged steps (log less often for longer runs)
-MAX_METRICS_LINE = 1 << 20  # bytes of one metrics record; a longer line is not one of ours
-
-
 def _records(f: BinaryIO, path: str | Path, max_bytes: int | None) -> Iterator[tuple[bytes, dict]]:
     """(line, record) for each line of the open metrics file ``f`` that is a JSON object. A
-    torn, undecodable or non-object line is skipped, and so is one over ``MAX_METRICS_LINE``
+    torn, undecodable or non-object line is skipped, and so is one over ``limits.MAX_METRICS_LINE``
     (read piece by piece, never whole: a sparse file of zeros costs no memory); reading stops
     once ``max_bytes`` (None: no cap) have been read."""
     seen = 0
@@ -115,7 +110,7 @@ def _records(f: BinaryIO, path: str | Path, max_bytes: int | None) -> Iterator[t
     def readline() -> bytes:
         nonlocal seen
         try:
-            line = f.readline(MAX_METRICS_LINE)
+            line = f.readline(limits.MAX_METRICS_LINE)
         except OSError as e:
             raise os_error(e, path) from None
         seen += len(line)
@@ -124,7 +119,7 @@ def _records(f: BinaryIO, path: str | Path, max_bytes: int | None) -> Iterator[t
     while line := readline():
         if max_bytes is not None and seen > max_bytes:  # grew since it was measured: not read
             return
-        if not line.endswith(b"\n") and len(line) >= MAX_METRICS_LINE:
+        if not line.endswith(b"\n") and len(line) >= limits.MAX_METRICS_LINE:
             while line and not line.endswith(b"\n"):  # the rest of the over-long line
                 line = readline()
             continue
@@ -137,7 +132,7 @@ def _records(f: BinaryIO, path: str | Path, max_bytes: int | None) -> Iterator[t
 
 
 def read_metrics(path: str | Path, keys: tuple[str, ...] | None = None,
-                 max_bytes: int = MAX_METRICS_BYTES) -> list[dict]:
+                 max_bytes: int = limits.MAX_METRICS_BYTES) -> list[dict]:
     """The records of a metrics.jsonl (``_records``: torn, undecodable, over-long and non-object
     lines skipped), only ``keys`` of each kept when given. A file that is not a regular one (a
     FIFO would block) or is larger than ``max_bytes`` is refused (``fsutil.open_regular``):

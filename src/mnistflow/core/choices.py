@@ -9,4 +9,3 @@ SCHEDULES = ("constant", "step", "cosine", "onecycle", "linear")
 # --augment: auto (the dataset's own policy), off, or a policy of data.augment (keyed by these names)
 AUGMENT = ("auto", "off", "glyphs", "clothing", "photos", "shifts")
 TTA_VIEWS = (0, 2, 4, 8)  # extra views: left/right, + up/down, + the diagonals (models.evaluate)
-MAX_THREADS = 1024  # intra-op threads: more is a typo, not a machine

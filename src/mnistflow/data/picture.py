@@ -6,7 +6,7 @@ is at the centre. Polarity: MNIST digits are white on black; ``invert_for`` matc
 picture to the polarity of any training set (dark or light background).
 
 Reading pictures: ``open_picture`` / ``read_picture`` check the image's size from its header
-before decoding anything: at most ``MAX_PIXELS`` pixels (16.7 Mpx, a 4096x4096 picture or a
+before decoding anything: at most ``core.limits.MAX_PIXELS`` pixels (16.7 Mpx, a 4096x4096 picture or a
 16 Mpx photo) unless the caller passes ``max_pixels`` (the CLI's ``--max-pixels``); a FIFO or
 other non-regular file is refused, never opened for reading.
 
@@ -22,9 +22,9 @@ import os
 import numpy as np
 
 from mnistflow.core.errors import fail
-from mnistflow.data.formats.image import MAX_PIXELS, WORK_SIDE, open_picture, shrink
+from mnistflow.data.formats.image import WORK_SIDE, open_picture, shrink
 
-__all__ = ["MAX_PIXELS", "WORK_SIDE", "open_picture", "read_picture", "shrink", "to_model_input",
+__all__ = ["WORK_SIDE", "open_picture", "read_picture", "shrink", "to_model_input",
            "mnist_style", "flatten_alpha", "invert_for", "needs_invert"]
 
 

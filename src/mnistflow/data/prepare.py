@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from mnistflow.core import limits
 from mnistflow.core.errors import MnistflowError
 from mnistflow.core.fsutil import regular_file, sha256_file
 from mnistflow.core.paths import home
@@ -25,9 +26,6 @@ from mnistflow.data.formats.raw import RawDataset, summarize_values
 from mnistflow.data.records import read_meta
 from mnistflow.data.write_records import check_replaceable, write_records
 
-MAX_VARIANTS = 100  # augmented copies of train (prep --variants); each is a full copy
-MAX_SEED = 2**32 - 1  # of the train/val split (as train's --seed)
-MAX_SIDE = 4096  # pixels of --resize (as the CLI's MAX_SIDE)
 
 
 def prepare(dataset: str | None = None, data: str | Path | None = None,
@@ -40,7 +38,7 @@ def prepare(dataset: str | None = None, data: str | Path | None = None,
     Re-running with the same inputs and options is a no-op unless ``force``. An existing
     ``out`` is replaced only when it is a record set: of the same dataset, or of another with
     ``force``; a file or a folder of other files never is. ``max_pixels``
-    caps each encoded picture before it is decoded (default ``picture.MAX_PIXELS``); it does
+    caps each encoded picture before it is decoded (default ``core.limits.MAX_PIXELS``); it does
     not change what a successful prep writes, so it is not part of the cache key.
     ``val_size`` (images held out of train) defaults to 5000, or a tenth of a smaller set.
     """
@@ -139,16 +137,16 @@ def _check_options(val_size: object, seed: object, variants: object, resize: obj
                    max_pixels: object) -> None:
     """prepare()'s options, checked as the CLI's flags are (the Python API gets the same lines)."""
     if val_size is not None:
-        _whole("--val-size", val_size, 0, 2**63 - 1)
-    _whole("--seed", seed, 0, MAX_SEED)
-    _whole("--variants", variants, 0, MAX_VARIANTS, " (each is a full augmented copy of the training images)")
+        _whole("--val-size", val_size, 0, limits.MAX_INT)
+    _whole("--seed", seed, 0, limits.MAX_SEED)
+    _whole("--variants", variants, 0, limits.MAX_VARIANTS, " (each is a full augmented copy of the training images)")
     if resize is not None:
         if not isinstance(resize, (tuple, list)) or len(resize) != 2:
             raise MnistflowError(f"--resize must be (height, width), got {resize!r}")
         for side in resize:
-            _whole("--resize", side, 1, MAX_SIDE)
+            _whole("--resize", side, 1, limits.MAX_SIDE)
     if max_pixels is not None:
-        _whole("max_pixels", max_pixels, 1, 2**63 - 1)
+        _whole("max_pixels", max_pixels, 1, limits.MAX_INT)
 
 
 def _check_room(out: Path, raw: RawDataset, variants: int) -> None:

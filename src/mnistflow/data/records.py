@@ -29,9 +29,10 @@ from typing import NoReturn
 
 import numpy as np
 
+from mnistflow.core import limits
 from mnistflow.core.errors import MnistflowError, fail
 from mnistflow.core.fsutil import open_regular, regular_file, sha256_file
-from mnistflow.data.formats.raw import MAX_CLASSES, summarize_values
+from mnistflow.data.formats.raw import summarize_values
 
 FORMAT_VERSION = 1
 SPLITS = ("train", "val", "test")
@@ -131,7 +132,7 @@ def read_meta(path: Path) -> dict:
         fail(path, "not a records directory (no meta.json); run 'mnistflow prep' first")
     try:
         with open_regular(mp) as f:
-            text = f.read(1 << 24)  # names and checksums: kilobytes, not megabytes
+            text = f.read(limits.MAX_RECORDS_META_BYTES)
         meta = json.loads(text)
     except (ValueError, UnicodeDecodeError, RecursionError) as e:
         fail(mp, f"unreadable metadata ({e})")
@@ -165,11 +166,11 @@ def _check_meta(mp: Path, meta: dict) -> None:
     names, shape, splits = meta["class_names"], meta["shape"], meta["splits"]
     if not isinstance(meta["name"], str):
         bad("'name' is not a string")
-    if (not isinstance(names, list) or not 1 <= len(names) <= MAX_CLASSES
+    if (not isinstance(names, list) or not 1 <= len(names) <= limits.MAX_CLASSES
             or not all(isinstance(n, str) for n in names)):
-        bad(f"'class_names' should be 1..{MAX_CLASSES:,} strings")
+        bad(f"'class_names' should be 1..{limits.MAX_CLASSES:,} strings")
     if (not isinstance(shape, list) or len(shape) != 3 or not all(_is_int(n, 1) for n in shape)
-            or math.prod(shape) > 1 << 28):
+            or math.prod(shape) > limits.MAX_RECORD_VALUES):
         bad(f"'shape' should be [H, W, C] of positive sizes, got {str(shape)[:60]}")
     if (not isinstance(splits, dict) or not set(splits) <= set(SPLITS)
             or not all(_is_int(n) for n in splits.values())):
@@ -224,7 +225,7 @@ def _npy_header(p: Path) -> tuple[np.dtype, tuple[int, ...], bool, int]:
             if major not in (1, 2, 3):
                 raise ValueError(f"unknown .npy format version {major}")
             reader = fmt.read_array_header_1_0 if major == 1 else fmt.read_array_header_2_0
-            shape, fortran, dtype = reader(f, max_header_size=1 << 16)
+            shape, fortran, dtype = reader(f, max_header_size=limits.MAX_NPY_HEADER_BYTES)
             return dtype, shape, fortran, f.tell()
     except MnistflowError:
         raise

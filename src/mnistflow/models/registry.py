@@ -6,6 +6,7 @@ from typing import Callable, TypeVar, overload
 
 import torch.nn as nn
 
+from mnistflow.core import limits
 from mnistflow.core.errors import MnistflowError
 from mnistflow.models.ensemble import MAX_MEMBERS, Ensemble, parse_name
 
@@ -72,11 +73,11 @@ def get_entry(name: str) -> ModelEntry:
 def create_model(name: str, in_shape: tuple[int, int, int] = (1, 28, 28),
                  num_classes: int = 10, **kwargs) -> nn.Module:
     """A new model: a registered name, or a layer spec string (see ``models.spec``)."""
-    from mnistflow.data.formats.raw import MAX_CLASSES
     from mnistflow.models.spec import build_from_spec, looks_like_spec
 
-    if isinstance(num_classes, bool) or not isinstance(num_classes, int) or not 1 <= num_classes <= MAX_CLASSES:
-        raise MnistflowError(f"num_classes must be an integer from 1 to {MAX_CLASSES}, got {num_classes!r}")
+    if (isinstance(num_classes, bool) or not isinstance(num_classes, int)
+            or not 1 <= num_classes <= limits.MAX_CLASSES):
+        raise MnistflowError(f"num_classes must be an integer from 1 to {limits.MAX_CLASSES}, got {num_classes!r}")
     if (not isinstance(in_shape, (tuple, list)) or len(in_shape) != 3
             or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in in_shape)):
         raise MnistflowError(f"in_shape must be (channels, height, width), positive integers, got {in_shape!r}")

@@ -9,7 +9,8 @@ Tokens (comma separated; options after '-'):
   dropout<P>, bn, relu, sigmoid, tanh, flatten, gap (global average pool)
 A classifier ``fc<num_classes>`` is appended when the spec does not end in an fc layer.
 Kernels, pool sizes and strides are integers in [1, 4096], channels and units in [1, 2**31 - 1]
-(``check_spec``): anything else is one error naming the token.
+(``check_spec``, bounds from ``core.limits``; the memory check refuses far smaller models than
+they allow): anything else is one error naming the token.
 
 A spec is planned on the ``meta`` device before it is built (``check_memory``): one whose
 parameters and one picture's activations need more memory than the machine has available
@@ -24,6 +25,7 @@ import re
 import torch
 import torch.nn as nn
 
+from mnistflow.core import limits
 from mnistflow.core.errors import MnistflowError
 from mnistflow.models.layers import ACTIVATIONS, Conv2d, Dropout, activation, out_shape, pool
 
@@ -32,10 +34,6 @@ _POOL = re.compile(r"^(max|avg)pool(\d+)(?:s(\d+))?$")
 _FC = re.compile(r"^fc(\d+)$")
 _DROP = re.compile(r"^dropout(0?\.\d+|0|1)$")
 
-# What a token's numbers may be: at least 1, and at most these (larger ones are typos, not
-# networks; the memory check refuses far smaller models than these bounds allow).
-MAX_KERNEL = 4096  # a kernel, pool window or stride, in pixels: as the CLI's --input side (MAX_SIDE)
-MAX_UNITS = 2**31 - 1  # a layer's output channels or units: an int32 (PyTorch's index range)
 _STRIDE = re.compile(r"s(\d+)")
 
 
@@ -55,7 +53,7 @@ def _number(text: str, what: str, most: int, token: str, spec: str) -> int:
 
 def _stride(opts: list[str], token: str, spec: str) -> int | None:
     """The ``-s<S>`` option of a token (None: not given)."""
-    return next((_number(m.group(1), "stride", MAX_KERNEL, token, spec)
+    return next((_number(m.group(1), "stride", limits.MAX_SIDE, token, spec)
                  for o in opts if (m := _STRIDE.fullmatch(o))), None)
 
 
@@ -65,16 +63,16 @@ def check_spec(spec: str) -> None:
     for token in (t.strip() for t in spec.split(",") if t.strip()):
         head, *opts = token.split("-")
         if m := _CONV.match(head):
-            _number(m.group(1), "kernel size", MAX_KERNEL, token, spec)
-            _number(m.group(2), "kernel size", MAX_KERNEL, token, spec)
-            _number(m.group(3), "number of channels", MAX_UNITS, token, spec)
+            _number(m.group(1), "kernel size", limits.MAX_SIDE, token, spec)
+            _number(m.group(2), "kernel size", limits.MAX_SIDE, token, spec)
+            _number(m.group(3), "number of channels", limits.MAX_UNITS, token, spec)
             _stride(opts, token, spec)
         elif m := _POOL.match(head):
-            _number(m.group(2), "pool size", MAX_KERNEL, token, spec)
+            _number(m.group(2), "pool size", limits.MAX_SIDE, token, spec)
             if m.group(3) is not None:
-                _number(m.group(3), "pool stride", MAX_KERNEL, token, spec)
+                _number(m.group(3), "pool stride", limits.MAX_SIDE, token, spec)
         elif m := _FC.match(head):
-            _number(m.group(1), "number of units", MAX_UNITS, token, spec)
+            _number(m.group(1), "number of units", limits.MAX_UNITS, token, spec)
 
 
 def looks_like_spec(text: str) -> bool:

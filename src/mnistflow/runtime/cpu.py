@@ -19,7 +19,7 @@ from functools import lru_cache
 
 import torch
 
-from mnistflow.core import choices
+from mnistflow.core import limits
 from mnistflow.core.errors import MnistflowError
 from mnistflow.core.log import warn
 
@@ -123,7 +123,6 @@ def _on_each_openmp_thread(fn) -> bool:
         return False
 
 
-MAX_PROCESSES = 1 << 20  # torchrun's WORLD_SIZE / LOCAL_WORLD_SIZE, at most
 LAUNCH_VARS = ("WORLD_SIZE", "RANK", "LOCAL_WORLD_SIZE", "LOCAL_RANK")  # torchrun's
 
 
@@ -162,22 +161,22 @@ def _env_int(name: str, low: int, high: int) -> int | None:
 
 def env_threads() -> int | None:
     """``$MNISTFLOW_THREADS``: the intra-op threads the user chose (``None``: not chosen)."""
-    return _env_int(THREADS_ENV, 1, choices.MAX_THREADS)
+    return _env_int(THREADS_ENV, 1, limits.MAX_THREADS)
 
 
 def launch_env() -> tuple[int, int, int, int]:
     """(rank, world size, local rank, local world size) from torchrun's environment, (0, 1, 0,
     1) without it; a value that is no whole number in range (a rank past the world size) is an
     error. The one reader of those variables (``runtime.dist.env_info``)."""
-    world = _env_int("WORLD_SIZE", 1, MAX_PROCESSES) or 1
-    local_world = _env_int("LOCAL_WORLD_SIZE", 1, MAX_PROCESSES) or world
+    world = _env_int("WORLD_SIZE", 1, limits.MAX_WORLD_SIZE) or 1
+    local_world = _env_int("LOCAL_WORLD_SIZE", 1, limits.MAX_LOCAL_PROCESSES) or world
     return (_env_int("RANK", 0, world - 1) or 0, world, _env_int("LOCAL_RANK", 0, local_world - 1) or 0,
             local_world)
 
 
 def local_processes() -> int:
     """Training processes on this machine: torchrun's ``$LOCAL_WORLD_SIZE``, 1 without it."""
-    return _env_int("LOCAL_WORLD_SIZE", 1, MAX_PROCESSES) or 1
+    return _env_int("LOCAL_WORLD_SIZE", 1, limits.MAX_LOCAL_PROCESSES) or 1
 
 
 def check_environment() -> None:

@@ -30,13 +30,13 @@ from typing import Iterator, TypeVar
 import torch
 import torch.distributed as tdist
 
+from mnistflow.core import limits
 from mnistflow.core.errors import MnistflowError
 from mnistflow.core.log import note
 from mnistflow.runtime.cpu import launch_env
 
 TIMEOUT_ENV = "MNISTFLOW_DIST_TIMEOUT"
 DEFAULT_TIMEOUT_S = 60.0
-MAX_TIMEOUT_S = 7 * 24 * 3600.0
 
 # Small CPU-side collectives (stop flags, barriers, objects) go through a gloo group: with
 # NCCL as the default backend they would otherwise need a GPU tensor and a device sync.
@@ -73,9 +73,9 @@ def timeout_s() -> float:
         t = float(raw)
     except ValueError:
         t = math.nan
-    if not 0 < t <= MAX_TIMEOUT_S:  # False for nan
+    if not 0 < t <= limits.MAX_DIST_TIMEOUT_S:  # False for nan
         raise MnistflowError(f"{TIMEOUT_ENV} must be a positive number of seconds (at most "
-                             f"{MAX_TIMEOUT_S:g}, 7 days), got '{raw}'")
+                             f"{limits.MAX_DIST_TIMEOUT_S:g}, 7 days), got '{raw}'")
     return t
 
 

@@ -36,10 +36,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from mnistflow.core.errors import MnistflowError
+from mnistflow.core.limits import MAX_BODY_BYTES
 from mnistflow.core.log import warn
 from mnistflow.server.guard import (
     LOCAL_HOSTS,
-    MAX_BODY,
     BadInput,
     Deadline,
     Limits,
@@ -78,7 +78,7 @@ def describe(pred: Predictor, limits: Limits | None = None) -> dict:
         "label_values": info.values,
         "test_acc": metrics.get("test_acc"), "val_acc": metrics.get("val_acc"),
         "background": "dark" if sum(info.mean) / len(info.mean) < 127 else "light",
-        "max_body_bytes": limits.max_body if limits else MAX_BODY,
+        "max_body_bytes": limits.max_body if limits else MAX_BODY_BYTES,
         "max_pixels": (limits or Limits()).max_pixels,
     }
 
@@ -110,7 +110,7 @@ def classify(pred: Predictor, body: bytes, content_type: str, mode: str | None,
 
 
 
-async def read_body(request: Request, limit: int = MAX_BODY) -> bytes:
+async def read_body(request: Request, limit: int = MAX_BODY_BYTES) -> bytes:
     """The request body, refused with 413 past ``limit`` bytes (declared or streamed)."""
     declared = request.headers.get("content-length")
     if declared is not None:

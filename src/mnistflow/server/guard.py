@@ -47,11 +47,11 @@ from typing import TYPE_CHECKING, Awaitable, Callable, Mapping, TypeVar
 from urllib.parse import urlsplit
 
 from mnistflow.core.errors import MnistflowError
+from mnistflow.core.limits import MAX_BODY_BYTES, MAX_REQUEST_PIXELS
 
 if TYPE_CHECKING:
     import uvicorn
 
-MAX_BODY = 2 * 1024 * 1024  # bytes
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
 
 
@@ -69,8 +69,8 @@ def _slots() -> int:
 class Limits:
     """The server's bounds (see the module docstring); every field has a documented default."""
 
-    max_body: int = MAX_BODY  # bytes of one request body
-    max_pixels: int = 2048 * 2048  # decoded pixels of one image (after JPEG draft scaling)
+    max_body: int = MAX_BODY_BYTES  # bytes of one request body
+    max_pixels: int = MAX_REQUEST_PIXELS  # decoded pixels of one image (after JPEG draft scaling)
     work_side: int = 1024  # larger images are reduced (box filter) to this many pixels a side
     min_side: int = 4  # smaller images (unless at the model's exact size) are refused (400)
     max_concurrent: int = field(default_factory=_slots)  # decodes + inferences at once

@@ -24,13 +24,12 @@ import json
 import numpy as np
 
 from mnistflow.artifacts.model_info import ModelInfo
+from mnistflow.core.limits import MAX_JSON_SIDE
 from mnistflow.server.guard import BadInput, Limits, body_kind
 
-__all__ = ["MAX_SIDE", "decode_image", "parse_json", "to_input", "is_json"]
+__all__ = ["decode_image", "parse_json", "to_input", "is_json"]
 
 DEFAULTS = Limits()
-MAX_IMAGE_PIXELS = DEFAULTS.max_pixels  # the default; ``Limits.max_pixels`` sets it per server
-MAX_SIDE = 1024  # JSON pixel arrays
 FORMATS = ["PNG", "JPEG", "WEBP", "GIF", "BMP"]
 MODES = ("auto", "none", "mnist", "resize")
 
@@ -108,8 +107,8 @@ def parse_pixels(pixels: object) -> np.ndarray:
         raise BadInput(422, f"pixels must be H x W or H x W x C, got shape {list(arr.shape)}")
     if arr.ndim == 3 and arr.shape[2] not in (1, 3, 4):
         raise BadInput(422, f"pixels has {arr.shape[2]} channels; expected 1, 3 or 4")
-    if max(arr.shape[:2]) > MAX_SIDE:
-        raise BadInput(422, f"pixels of {arr.shape[0]}x{arr.shape[1]}: at most {MAX_SIDE} per side")
+    if max(arr.shape[:2]) > MAX_JSON_SIDE:
+        raise BadInput(422, f"pixels of {arr.shape[0]}x{arr.shape[1]}: at most {MAX_JSON_SIDE} per side")
     arr = arr.astype(np.float64)
     if not np.isfinite(arr).all():
         raise BadInput(422, "pixels contains NaN or infinite values")

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from mnistflow.artifacts import rundir
-from mnistflow.core import choices, compat
+from mnistflow.core import choices, compat, limits
 from mnistflow.core.errors import MnistflowError
 from mnistflow.data import known
 
@@ -35,13 +35,8 @@ GROUPS: dict[str, str] = {
     "checkpoints": "saving and resuming",
 }
 
-# Every seed derived from --seed (data order, augmentation: seed * 1_000_003 + epoch, ...) must
-# stay inside the 64 bits torch.Generator takes: 32-bit seeds leave room, as numpy's legacy range.
-MAX_SEED = 2**32 - 1
-MAX_INT = 2**63 - 1  # config.toml's integers (TOML's are 64-bit)
 MAX_RATE = 1000  # a learning rate or decay above this is a typo, not a setting
 MAX_EPOCHS = 1_000_000  # epochs x batches must count in 64 bits; --max-steps stops one sooner
-MAX_TOML_BYTES = 1 << 20  # a configuration file is a few hundred bytes; refuse what is not one
 
 
 @dataclass(frozen=True)
@@ -113,8 +108,8 @@ class Rule:
                 or (self.below is not None and not value < self.below)
                 or (self.at_most is not None and not value <= self.at_most)):
             return self.describe()
-        if is_int and not -MAX_INT - 1 <= value <= MAX_INT:
-            return f"at most {MAX_INT} (a 64-bit integer)"
+        if is_int and not -limits.MAX_INT - 1 <= value <= limits.MAX_INT:
+            return f"at most {limits.MAX_INT} (a 64-bit integer)"
         return None
 
 
@@ -230,7 +225,7 @@ class TrainConfig:
     drop_last: bool = setting(
         False, "data", "drop the short last batch of each epoch (stable shapes) instead of training on it")
     seed: int = setting(0, "optimization", "seed of the initialisation, the data order and the augmentation",
-                        at_least=0, at_most=MAX_SEED)
+                        at_least=0, at_most=limits.MAX_SEED)
     precision: str = setting(
         "auto", "precision/devices", "fp32, bf16, fp16 (CUDA) or auto (bf16 where the hardware is fast at it)",
         choices=choices.PRECISIONS)
@@ -241,10 +236,10 @@ class TrainConfig:
     threads: int | None = setting(
         None, "precision/devices", "intra-op CPU threads (default: $MNISTFLOW_THREADS, else the usable "
                                    "cores other processes leave free, shared among the processes per machine)",
-        kind=int, at_least=1, at_most=choices.MAX_THREADS)
+        kind=int, at_least=1, at_most=limits.MAX_THREADS)
     interop_threads: int | None = setting(
         None, "precision/devices", "PyTorch's inter-op threads (default: PyTorch's, the number of cores)",
-        kind=int, at_least=1, at_most=choices.MAX_THREADS)
+        kind=int, at_least=1, at_most=limits.MAX_THREADS)
     gpu_memory_fraction: float | None = setting(
         None, "precision/devices", "cap this process's share of its GPU's memory, 0 < F <= 1 (CUDA only)",
         kind=float, above=0, at_most=1)
@@ -378,17 +373,17 @@ def resolve(recipe: dict | None = None, file: dict | None = None, flags: dict | 
 
 
 def load_toml(path: str | Path) -> dict:
-    """Flat ``key = value`` pairs from a TOML file (UTF-8, at most ``MAX_TOML_BYTES``); unknown
+    """Flat ``key = value`` pairs from a TOML file (UTF-8, at most ``limits.MAX_TOML_BYTES``); unknown
     keys and values of the wrong type or out of range are errors naming the file and the key."""
     tomllib = compat.tomllib()
     p = Path(path)
     try:
         with open(p, "rb") as fh:  # bounded: --config /dev/zero is not read to the end
-            data = fh.read(MAX_TOML_BYTES + 1)
+            data = fh.read(limits.MAX_TOML_BYTES + 1)
     except OSError as e:
         raise MnistflowError(f"cannot read: {e.strerror}", p) from None
-    if len(data) > MAX_TOML_BYTES:
-        raise MnistflowError(f"larger than {MAX_TOML_BYTES >> 20} MiB: not a configuration file", p)
+    if len(data) > limits.MAX_TOML_BYTES:
+        raise MnistflowError(f"larger than {limits.MAX_TOML_BYTES >> 20} MiB: not a configuration file", p)
     try:
         d = tomllib.loads(data.decode("utf-8-sig"))  # a BOM, as some editors write, is no error
     except UnicodeDecodeError as e:

@@ -70,7 +70,7 @@ def read_source(path: Path, *, name: str | None = None, resize: tuple[int, int] 
                 max_pixels: int | None = None) -> RawDataset:
     """Read any supported raw input at ``path`` into a ``RawDataset``; ``max_pixels`` caps
     each encoded picture (image folders, TFRecord) before it is decoded (default
-    ``picture.MAX_PIXELS``)."""
+    ``core.limits.MAX_PIXELS``)."""
     path = Path(path)
     fmt = detect_format(path)
     if fmt == "idx":

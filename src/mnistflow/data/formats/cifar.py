@@ -7,10 +7,10 @@ that can rebuild numpy arrays and nothing else: any other global is refused. Tar
 read in memory, never extracted to disk.
 
 What a batch may cost is bounded by what a real one needs, checked before allocating: a
-batch file (or tar member) holds at most ``MAX_BATCH_BYTES``; an array is only ever built
+batch file (or tar member) holds at most ``limits.MAX_CIFAR_BATCH_BYTES``; an array is only ever built
 from data bytes whose length matches its shape (``numpy.ndarray`` is not callable, so no
-array can be made from a shape alone); a batch holds at most ``MAX_BATCH_IMAGES`` images,
-and unpickling stops after ``MAX_OPS`` opcodes (a list of a million labels is refused).
+array can be made from a shape alone); a batch holds at most ``limits.MAX_CIFAR_BATCH_IMAGES`` images,
+and unpickling stops after ``limits.MAX_PICKLE_OPS`` opcodes (a list of a million labels is refused).
 """
 from __future__ import annotations
 
@@ -25,16 +25,12 @@ from typing import NoReturn
 
 import numpy as np
 
+from mnistflow.core import limits
 from mnistflow.core.errors import MnistflowError, fail
 from mnistflow.core.fsutil import open_regular, regular_file
 from mnistflow.data.formats.raw import RawDataset, RawSplit, check_labels
 
 _BATCH = re.compile(r"^(data_batch_(\d+)|test_batch)$")
-MAX_BATCH_IMAGES = 10_240  # CIFAR-10 batches hold 10,000 images
-# A real batch is ~31 MB; re-pickled by Python 3 at protocol 2, up to 2 bytes per pixel byte.
-MAX_BATCH_BYTES = MAX_BATCH_IMAGES * (2 * 3072 + 256) + (1 << 20)
-MAX_OPS = 32 * MAX_BATCH_IMAGES  # a real batch takes ~9 opcodes per image at most
-MAX_MEMBERS = 1000  # the archive has 8 members
 
 
 _SIMPLE_DTYPE = re.compile(r"^[<>|=]?(u1|u2|u4|u8|i1|i2|i4|i8|f4|f8|b1)$")
@@ -172,9 +168,9 @@ class _SafeUnpickler(pickle._Unpickler):  # the pure-Python one: its opcodes can
 def _counted(op):
     def run(self):
         self.ops += 1
-        if self.ops > MAX_OPS:
-            raise _Refused(f"a pickle of more than {MAX_OPS:,} opcodes (far more than a "
-                           f"batch of {MAX_BATCH_IMAGES:,} images needs)")
+        if self.ops > limits.MAX_PICKLE_OPS:
+            raise _Refused(f"a pickle of more than {limits.MAX_PICKLE_OPS:,} opcodes (far more than a "
+                           f"batch of {limits.MAX_CIFAR_BATCH_IMAGES:,} images needs)")
         op(self)
     return run
 
@@ -207,7 +203,7 @@ def _batch(data: bytes, where: str, num_classes: int) -> tuple[np.ndarray, np.nd
     if not isinstance(x, np.ndarray) or x.dtype != np.uint8 or x.ndim != 2 or x.shape[1] != 3072:
         desc = f"{x.dtype} {x.shape}" if isinstance(x, np.ndarray) else type(x).__name__
         fail(where, f"'data' should be uint8 (N, 3072), got {desc}")
-    if len(x) > MAX_BATCH_IMAGES:
+    if len(x) > limits.MAX_CIFAR_BATCH_IMAGES:
         fail(where, f"{len(x):,} images in one batch; CIFAR-10 batches hold 10,000")
     try:
         y = np.asarray(d["labels"])
@@ -232,9 +228,9 @@ def _members(path: Path) -> dict[str, tuple[str, bytes]]:
             if _BATCH.match(p.name):
                 with open_regular(p) as f:
                     size = os.fstat(f.fileno()).st_size
-                    if size > MAX_BATCH_BYTES:
+                    if size > limits.MAX_CIFAR_BATCH_BYTES:
                         fail(p, f"{size:,} bytes, more than a CIFAR-10 batch can hold "
-                                f"({MAX_BATCH_BYTES:,})")
+                                f"({limits.MAX_CIFAR_BATCH_BYTES:,})")
                     try:
                         out[p.name] = (str(p), f.read())
                     except OSError as e:
@@ -244,14 +240,14 @@ def _members(path: Path) -> dict[str, tuple[str, bytes]]:
     try:
         with tarfile.open(path, "r:*") as tar:
             for i, m in enumerate(tar):
-                if i >= MAX_MEMBERS:
-                    fail(path, f"more than {MAX_MEMBERS:,} archive members; the CIFAR-10 "
+                if i >= limits.MAX_TAR_MEMBERS:
+                    fail(path, f"more than {limits.MAX_TAR_MEMBERS:,} archive members; the CIFAR-10 "
                                "archive has 8")
                 base = m.name.rsplit("/", 1)[-1]
                 if m.isfile() and _BATCH.match(base):
-                    if m.size > MAX_BATCH_BYTES:  # the header's size, before reading any of it
+                    if m.size > limits.MAX_CIFAR_BATCH_BYTES:  # the header's size, before reading any of it
                         fail(path, f"{m.name}: {m.size:,} bytes, more than a CIFAR-10 batch "
-                                   f"can hold ({MAX_BATCH_BYTES:,})")
+                                   f"can hold ({limits.MAX_CIFAR_BATCH_BYTES:,})")
                     f = tar.extractfile(m)
                     out[base] = (f"{path}: {m.name}", f.read() if f else b"")
     except MnistflowError:

@@ -23,6 +23,7 @@ from typing import Iterator
 
 import numpy as np
 
+from mnistflow.core import limits
 from mnistflow.core.errors import fail
 from mnistflow.data.formats.idx import open_input
 from mnistflow.data.formats.raw import (
@@ -106,21 +107,18 @@ def _image_shape(path: Path, npix: int) -> tuple[int, int, int]:
                "(RGB s*s*3); expected rows 'label,pixel0,...'")
 
 
-MAX_LINE_BYTES = 1 << 24  # one image per line: 16 MiB is a 2048x2048 grey image at 4 bytes a value
-
-
 def _rows(path: Path) -> Iterator[tuple[int, str]]:
     """(line number, line) of the non-blank lines, streamed (a ``.gz`` is never inflated
-    whole); a line longer than ``MAX_LINE_BYTES`` is refused before it is all read."""
+    whole); a line longer than ``limits.MAX_CSV_LINE_BYTES`` is refused before it is all read."""
     with open_input(path) as (f, _, _):
         lineno = offset = 0
         any_rows = False
         while True:
-            raw = f.readline(MAX_LINE_BYTES + 1)
+            raw = f.readline(limits.MAX_CSV_LINE_BYTES + 1)
             if not raw:
                 break
-            if len(raw) > MAX_LINE_BYTES:
-                fail(path, f"line {lineno + 1} is longer than {MAX_LINE_BYTES:,} bytes: "
+            if len(raw) > limits.MAX_CSV_LINE_BYTES:
+                fail(path, f"line {lineno + 1} is longer than {limits.MAX_CSV_LINE_BYTES:,} bytes: "
                            "not a CSV of images")
             try:
                 text = raw.decode("utf-8-sig" if offset == 0 else "utf-8")

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from mnistflow.core import limits
 from mnistflow.core.errors import fail
 from mnistflow.data.formats.idx import ZipMember, idx_dataset, open_source, zip_names
-from mnistflow.data.formats.raw import MAX_CLASSES, RawDataset
+from mnistflow.data.formats.raw import RawDataset
 from mnistflow.data.known import KnownDataset, files_in
 
-MAX_MAPPING_BYTES = 1 << 16  # EMNIST's largest mapping (byclass, 62 lines) is ~600 bytes
 
 
 def read_emnist(ds: KnownDataset, folder: Path) -> RawDataset:
@@ -40,16 +40,16 @@ def read_emnist_mapping(src: Path | ZipMember) -> dict[int, str]:
     label with two codes (letters: "1 65 97", upper and lower case merged) is named by the
     last, so that letters are 'a'..'z'."""
     with open_source(src, gz=False) as (f, _, _):
-        data = f.read(MAX_MAPPING_BYTES + 1)
-    if len(data) > MAX_MAPPING_BYTES:
-        fail(src, f"more than {MAX_MAPPING_BYTES:,} bytes: not an EMNIST mapping file")
+        data = f.read(limits.MAX_EMNIST_MAPPING_BYTES + 1)
+    if len(data) > limits.MAX_EMNIST_MAPPING_BYTES:
+        fail(src, f"more than {limits.MAX_EMNIST_MAPPING_BYTES:,} bytes: not an EMNIST mapping file")
     names: dict[int, str] = {}
     for n, line in enumerate(data.decode("ascii", "replace").splitlines(), 1):
         parts = line.split()
         if not parts:
             continue
         nums = [int(p) for p in parts if p.isdigit()]
-        if (len(nums) != len(parts) or not 2 <= len(nums) <= 3 or nums[0] >= MAX_CLASSES
+        if (len(nums) != len(parts) or not 2 <= len(nums) <= 3 or nums[0] >= limits.MAX_CLASSES
                 or not all(32 < c < 127 for c in nums[1:])):  # printable ASCII, no space
             fail(src, f"line {n}: expected 'label ascii_code [ascii_code]', got {line[:40]!r}")
         if nums[0] in names:

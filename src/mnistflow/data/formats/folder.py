@@ -40,7 +40,7 @@ def _resample():
 def decode_image(src: bytes | Path, where: str | os.PathLike,
                  resize: tuple[int, int] | None = None, max_pixels: int | None = None) -> np.ndarray:
     """Decode one image (a file or encoded bytes) to uint8 (H, W, 1) or (H, W, 3); its size
-    is checked against ``max_pixels`` (default ``picture.MAX_PIXELS``) before decoding.
+    is checked against ``max_pixels`` (default ``core.limits.MAX_PIXELS``) before decoding.
 
     ``where`` names the image in errors ("<file>" or "<file>: record 7").
     """
@@ -141,7 +141,7 @@ def _split_roots(path: Path) -> tuple[Path, Path | None]:
 def read_image_folder(path: str | os.PathLike, resize: tuple[int, int] | None = None,
                       name: str | None = None, max_pixels: int | None = None) -> RawDataset:
     """Read ``path/<class>/*.png`` (or ``path/{train,test}/<class>/``) into a ``RawDataset``;
-    ``max_pixels`` caps each image's size before it is decoded (``picture.MAX_PIXELS``)."""
+    ``max_pixels`` caps each image's size before it is decoded (``core.limits.MAX_PIXELS``)."""
     path = Path(path)
     if not path.is_dir():
         fail(path, "not a folder")

@@ -10,7 +10,7 @@ reads as one dataset (:func:`read_idx_folder`).
 Files are streamed: the header is checked from the first bytes, then exactly the declared
 size is read into one array (more is refused). Before anything is allocated, the declared
 size must fit what the file can hold: its own size, or for gzip what deflate can expand
-the file to at most (``GZIP_MAX_RATIO``), and ``MAX_DATASET_BYTES``.
+the file to at most (``GZIP_MAX_RATIO``), and ``core.limits.MAX_DATASET_BYTES``.
 """
 from __future__ import annotations
 
@@ -185,7 +185,7 @@ def read_idx(path: Path | str | ZipMember, max_bytes: int | None = None, *,
              transpose: bool = False) -> np.ndarray:
     """Read one IDX(.gz) file (or zip member) into a read-only array, streamed; the declared
     size is checked against what the file can hold and ``max_bytes`` (default
-    ``MAX_DATASET_BYTES``) before it is allocated. ``transpose`` swaps the last two axes of
+    ``core.limits.MAX_DATASET_BYTES``) before it is allocated. ``transpose`` swaps the last two axes of
     every item in place (EMNIST stores its images transposed)."""
     with open_source(path) as (f, size, gz):
         code, ndim = _header(_read_exact(f, 4), path)

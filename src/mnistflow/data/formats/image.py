@@ -1,7 +1,7 @@
 """Opening one picture safely: its size is read from the header and checked before anything
 is decoded (a 17 KB PNG can declare 12000x12000 pixels), and only regular files are read.
 
-``MAX_PIXELS`` (16.7 Mpx: a 4096x4096 picture or a 16 Mpx photo) is the default cap for every
+``core.limits.MAX_PIXELS`` (16.7 Mpx: a 4096x4096 picture or a 16 Mpx photo) is the default cap for every
 picture mnistflow decodes from a file (``prep`` of image folders and TFRecords, ``predict``);
 ``max_pixels`` (the CLI's ``--max-pixels``) raises or lowers it.
 """
@@ -14,24 +14,23 @@ import os
 import warnings
 from typing import TYPE_CHECKING, Iterator
 
+from mnistflow.core import limits
 from mnistflow.core.errors import MnistflowError, fail
 from mnistflow.core.fsutil import open_regular
 
 if TYPE_CHECKING:  # Pillow is imported where it is used
     from PIL import Image
 
-MAX_PIXELS = 4096 * 4096
-
 
 @contextlib.contextmanager
 def open_picture(src: bytes | os.PathLike | str, where: str | os.PathLike,
                  max_pixels: int | None = None) -> Iterator["PIL.Image.Image"]:  # noqa: F821
     """A Pillow image opened lazily (nothing decoded yet) from a file or encoded bytes, its
-    width x height checked against ``max_pixels`` (default ``MAX_PIXELS``) first: a
+    width x height checked against ``max_pixels`` (default ``limits.MAX_PIXELS``) first: a
     decompression bomb is refused before it is decoded. Errors name ``where``."""
     from PIL import Image
 
-    limit = MAX_PIXELS if max_pixels is None else int(max_pixels)
+    limit = limits.MAX_PIXELS if max_pixels is None else int(max_pixels)
     if limit <= 0:
         raise MnistflowError(f"--max-pixels must be positive, got {limit}")
     with contextlib.ExitStack() as stack:

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import numpy as np
 
+from mnistflow.core import limits
 from mnistflow.core.errors import fail
 from mnistflow.data.formats.raw import (
-    MAX_CLASSES,
     RawDataset,
     RawSplit,
     as_pixels,
@@ -36,7 +36,7 @@ def _peek_header(npz, key: str, path: Path) -> None:
             if major not in (1, 2, 3):
                 raise ValueError(f"unknown .npy format version {major}")
             reader = fmt.read_array_header_1_0 if major == 1 else fmt.read_array_header_2_0
-            shape, _, dtype = reader(f, max_header_size=1 << 16)
+            shape, _, dtype = reader(f, max_header_size=limits.MAX_NPY_HEADER_BYTES)
             header_len = f.tell()
     except Exception as e:  # zipfile / header errors come in many kinds
         fail(path, f"{key}: unreadable array ({type(e).__name__}: {e})")
@@ -75,8 +75,8 @@ def _as_labels(y: np.ndarray, key: str, path: Path) -> np.ndarray:
             fail(path, f"{key} ({y.dtype}) holds non-integer labels")
     elif not np.issubdtype(y.dtype, np.integer):
         fail(path, f"{key} has dtype {y.dtype}; expected integer labels")
-    if y.size and (y.min() < 0 or y.max() >= MAX_CLASSES):
-        i = int(np.flatnonzero((y < 0) | (y >= MAX_CLASSES))[0])
+    if y.size and (y.min() < 0 or y.max() >= limits.MAX_CLASSES):
+        i = int(np.flatnonzero((y < 0) | (y >= limits.MAX_CLASSES))[0])
         fail(path, f"{key}: record {i}: label {y[i]} is not a class index")
     return y.astype(np.int64)
 

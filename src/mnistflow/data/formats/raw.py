@@ -15,7 +15,7 @@ contiguous class indices 0..K-1 and ``RawDataset.label_values[i]`` the original 
 class i, the id users see in ``predict``, ``eval``, the report and the server.
 
 Limits (what only a malicious or broken file would exceed; each is checked *before* the
-memory is taken):
+memory is taken; the bounds themselves live in ``core.limits``):
 
 * ``MAX_CLASSES``: a label value is below 100,000, and so are the classes of one dataset.
 * ``MAX_DATASET_BYTES``: the decoded images of one dataset take at most 16 GiB.
@@ -31,10 +31,8 @@ from pathlib import Path
 
 import numpy as np
 
+from mnistflow.core import limits
 from mnistflow.core.errors import fail
-
-MAX_CLASSES = 100_000
-MAX_DATASET_BYTES = 16 << 30
 
 
 @dataclass
@@ -77,9 +75,9 @@ def _label_array(y, where: Path | str | None) -> np.ndarray:
         if int(y.min()) < 0:
             i = int(np.flatnonzero(y < 0)[0])
             fail(where, f"record {i}: label {int(y[i])} is negative")
-        if int(y.max()) >= MAX_CLASSES:
-            i = int(np.flatnonzero(y >= MAX_CLASSES)[0])
-            fail(where, f"record {i}: label {int(y[i])} is not a class index (at most {MAX_CLASSES - 1:,})")
+        if int(y.max()) >= limits.MAX_CLASSES:
+            i = int(np.flatnonzero(y >= limits.MAX_CLASSES)[0])
+            fail(where, f"record {i}: label {int(y[i])} is not a class index (at most {limits.MAX_CLASSES - 1:,})")
     return y.astype(np.int64, copy=False)
 
 
@@ -93,8 +91,8 @@ def _named(names: Names) -> dict[int, str]:
     out = {}
     for v, n in items:
         v = int(v)
-        if not 0 <= v < MAX_CLASSES:
-            raise ValueError(f"class value {v} is outside 0..{MAX_CLASSES - 1}")
+        if not 0 <= v < limits.MAX_CLASSES:
+            raise ValueError(f"class value {v} is outside 0..{limits.MAX_CLASSES - 1}")
         out[v] = str(n)
     return out
 
@@ -183,7 +181,7 @@ def check_labels(y: np.ndarray, num_classes: int, path: Path | str) -> None:
 
 def check_dataset_bytes(path: Path | str, nbytes: int, limit: int | None = None) -> None:
     """Refuse a dataset whose decoded images would take more than ``limit`` bytes."""
-    limit = MAX_DATASET_BYTES if limit is None else limit
+    limit = limits.MAX_DATASET_BYTES if limit is None else limit
     if nbytes > limit:
         fail(path, f"the images would take {nbytes:,} bytes decoded, more than the "
                    f"{limit:,}-byte limit for one dataset")

@@ -25,11 +25,11 @@ from typing import BinaryIO
 
 import numpy as np
 
+from mnistflow.core import limits
 from mnistflow.core.errors import MnistflowError, fail
 from mnistflow.data.formats.folder import check_size, decode_image, stack_images
 from mnistflow.data.formats.idx import open_input
 from mnistflow.data.formats.raw import (
-    MAX_CLASSES,
     RawDataset,
     RawSplit,
     as_pixels,
@@ -138,9 +138,6 @@ def _mask(crc):
 
 # --- framing -------------------------------------------------------------------------------
 
-MAX_RECORD_BYTES = 1 << 26  # one Example holds one image: 64 MiB is far more than enough
-
-
 def read_frames(data: bytes, path: str | os.PathLike) -> list[memoryview]:
     """The records of TFRecord bytes, both CRCs checked; errors name the record index."""
     return [memoryview(b) for b in _frames(io.BytesIO(data), len(data), path)]
@@ -148,7 +145,7 @@ def read_frames(data: bytes, path: str | os.PathLike) -> list[memoryview]:
 
 def _frames(f: BinaryIO, size: int | None, path: str | os.PathLike) -> list[bytes]:
     """The records read one by one from a stream (``size``: the stream's length when known,
-    None for decompressed data). Each length is checked (its CRC, ``MAX_RECORD_BYTES``, what
+    None for decompressed data). Each length is checked (its CRC, ``limits.MAX_TFRECORD_BYTES``, what
     is left) before the record is read; the data CRCs are checked together at the end."""
     frames: list[bytes] = []
     crcs: list[int] = []
@@ -167,9 +164,9 @@ def _frames(f: BinaryIO, size: int | None, path: str | os.PathLike) -> list[byte
         if left is not None and length + 4 > left:
             fail(path, f"record {i}: truncated ({length} bytes of data declared, "
                        f"{max(left, 0)} bytes left)")
-        if length > MAX_RECORD_BYTES:
+        if length > limits.MAX_TFRECORD_BYTES:
             fail(path, f"record {i}: {length:,} bytes declared, more than the "
-                       f"{MAX_RECORD_BYTES:,}-byte limit for one record")
+                       f"{limits.MAX_TFRECORD_BYTES:,}-byte limit for one record")
         body = f.read(length + 4)
         if len(body) < length + 4:
             fail(path, f"record {i}: truncated ({length} bytes of data declared, "
@@ -420,7 +417,7 @@ def _read_file(path: Path, image_key: str, label_key: str, resize, ref, xs: list
         if label is None:
             fail(where, f"no int64 feature '{label_key}' (features: {', '.join(sorted(feats))}; "
                         "see --label-key)")
-        if label < 0 or label >= MAX_CLASSES:
+        if label < 0 or label >= limits.MAX_CLASSES:
             fail(where, f"label {label} is not a class index")
         xs.append(arr)
         ys.append(label)
@@ -440,7 +437,7 @@ def read_tfrecord_dataset(path: str | os.PathLike, image_key: str = "image",
                           label_key: str = "label", resize: tuple[int, int] | None = None,
                           name: str | None = None, max_pixels: int | None = None) -> RawDataset:
     """Read one TFRecord file, or a folder of them ("test" in a name -> test split);
-    ``max_pixels`` caps each encoded image before it is decoded (``picture.MAX_PIXELS``)."""
+    ``max_pixels`` caps each encoded image before it is decoded (``core.limits.MAX_PIXELS``)."""
     path = Path(path)
     if path.is_dir():
         files = tfrecord_files(path)

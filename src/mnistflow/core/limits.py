@@ -1,0 +1,69 @@
+"""The bounds on untrusted input, in one place: the threat model on one screen.
+
+Untrusted: the files a user points mnistflow at (raw data, record sets, model files,
+checkpoints, npz and ONNX files, a --config file, and a run's own files when read back), the
+HTTP requests ``serve`` answers, and command-line and environment values. The rule: every size
+or count such an input declares (a header's shape, a length prefix, a file's size, a flag) is
+checked against these before any memory is sized from it; past one is one error line. Each
+bound is far above any real MNIST-family input, so only a broken or hostile input meets it, and
+what passed is trusted inside. Not here: the plain ranges of settings (a learning rate, epochs:
+``training.config``), the server's time and concurrency limits (``server.guard.Limits``), and
+design limits (an ensemble's members). Standard library only, so every layer can import it.
+"""
+from __future__ import annotations
+
+# --- images and datasets --------------------------------------------------------------------
+MAX_SIDE = 4096  # pixels a side: --input, --resize, a layer spec's kernel, pool window or stride
+MAX_CHANNELS = 64  # channels of a model's input (--channels, a model file): the data have 1 or 3
+MAX_UNITS = 2**31 - 1  # a layer spec's channels or units (--model, a model file): an int32, torch's index
+MAX_CLASSES = 100_000  # classes of a dataset or model; every label value is below it
+MAX_PIXELS = 4096 * 4096  # pixels of one picture decoded from a file (--max-pixels changes it)
+MAX_DATASET_BYTES = 16 << 30  # the decoded images of one dataset
+MAX_VARIANTS = 100  # augmented copies of the training images prep writes, each a full copy
+
+# --- data formats ---------------------------------------------------------------------------
+MAX_CSV_LINE_BYTES = 1 << 24  # one CSV line (one image): a 2048x2048 grey image at 4 bytes a value
+MAX_TFRECORD_BYTES = 1 << 26  # one TFRecord record (an Example holds one image)
+MAX_EMNIST_MAPPING_BYTES = 1 << 16  # an EMNIST mapping file (the largest, byclass, is ~600 bytes)
+MAX_CIFAR_BATCH_IMAGES = 10_240  # images of one CIFAR-10 batch (a real one holds 10,000)
+# a CIFAR-10 batch file or tar member (~31 MB; re-pickled at protocol 2, up to 2 bytes a pixel)
+MAX_CIFAR_BATCH_BYTES = MAX_CIFAR_BATCH_IMAGES * (2 * 3072 + 256) + (1 << 20)
+MAX_PICKLE_OPS = 32 * MAX_CIFAR_BATCH_IMAGES  # opcodes of one batch's pickle (a real one: ~9 an image)
+MAX_TAR_MEMBERS = 1000  # members of the CIFAR-10 archive (it has 8)
+MAX_NPY_HEADER_BYTES = 1 << 16  # the header of one .npy array (an npz member, a record file)
+MAX_RECORDS_META_BYTES = 1 << 24  # a record set's meta.json (names and checksums: kilobytes)
+MAX_RECORD_VALUES = 1 << 28  # H * W * C of one image, as a record set's meta.json declares it
+
+# --- the files of a run, and model files ----------------------------------------------------
+# A model file (safetensors, ONNX) is read whole: 40 times the largest registered model in fp32.
+MAX_MODEL_BYTES = 512 << 20
+MAX_CHECKPOINT_BYTES = 4 * MAX_MODEL_BYTES  # read whole: the weights, two optimizer moments, the rest
+MAX_CHECKPOINT_HEADER_BYTES = 1 << 20  # the JSON header line of a version-1 checkpoint
+MAX_POINTER_BYTES = 4096  # a checkpoint folder's ``last`` / ``best`` file: one file name
+MAX_SAFETENSORS_HEADER_BYTES = 64 << 20  # a safetensors JSON header (names, shapes, metadata)
+MAX_MODEL_META_CHARS = 16 << 20  # a model's metadata JSON (in a model file or an npz)
+MAX_MODEL_NAME = 10_000  # characters of a model's name or layer spec
+MAX_CLASS_NAME = 1_000  # characters of one class name
+MAX_INPUT_VALUES = 1 << 24  # C * H * W of a model's input image
+MAX_NPZ_BYTES = 4 << 30  # all arrays of one npz together, as their headers declare them
+MAX_NPZ_FILE_BYTES = MAX_NPZ_BYTES + (64 << 20)  # the npz file: its arrays, headers, zip directory
+MAX_ONNX_VALUES = 1 << 30  # initializer elements of one ONNX model, all together
+MAX_RUN_FILE_BYTES = 4 << 20  # summary.json or config.toml read back (a few KiB as written)
+MAX_METRICS_BYTES = 64 << 20  # metrics.jsonl: ~250,000 logged steps
+MAX_METRICS_LINE = 1 << 20  # bytes of one metrics.jsonl record; a longer line is not one of ours
+MAX_TOML_BYTES = 1 << 20  # a --config file (a few hundred bytes)
+
+# --- the server (defaults of ``server.guard.Limits``, which a server may change) ------------
+MAX_BODY_BYTES = 2 << 20  # one request body
+MAX_REQUEST_PIXELS = 2048 * 2048  # decoded pixels of one posted image (after JPEG draft scaling)
+MAX_JSON_SIDE = 1024  # pixels a side of a posted JSON pixel array
+
+# --- the command line and the environment ---------------------------------------------------
+MAX_INT = 2**63 - 1  # an integer flag or config.toml value with no smaller bound: 64 bits, as TOML's
+# --seed (train, prep): seeds derived from it (seed * 1_000_003 + epoch, ...) stay inside the
+# 64 bits torch.Generator takes; 32-bit seeds leave that room, as numpy's legacy range
+MAX_SEED = 2**32 - 1
+MAX_THREADS = 1024  # --threads, $MNISTFLOW_THREADS: intra-op threads; more is a typo, not a machine
+MAX_LOCAL_PROCESSES = 1024  # processes on one machine: --nproc, torchrun's $LOCAL_WORLD_SIZE
+MAX_WORLD_SIZE = 1 << 20  # processes of one run on all machines: torchrun's $WORLD_SIZE
+MAX_DIST_TIMEOUT_S = 7 * 24 * 3600.0  # $MNISTFLOW_DIST_TIMEOUT, a week: inf or 1e30 would overflow the timer
