@@ -14,6 +14,8 @@ mapped onto its outputs by label value (``model_info.outputs_of_records``).
 """
 from __future__ import annotations
 
+import numbers
+
 import os
 from collections.abc import Iterable
 from pathlib import Path
@@ -30,6 +32,7 @@ from mnistflow.artifacts.runlog import describe_views, read_summary
 from mnistflow.core.errors import MnistflowError
 from mnistflow.core.log import warn
 from mnistflow.data.augment import mirror_safe
+from mnistflow.core import choices
 from mnistflow.core.choices import TTA_VIEWS
 from mnistflow.runtime.cpu import set_threads
 from mnistflow.runtime.device import Amp, pick_device, pick_precision
@@ -55,6 +58,10 @@ def evaluate(model_path: str | Path, split: str = "test", *, data: str | Path | 
     from mnistflow.models.evaluate import evaluate as run_eval
 
     check_tta(tta)
+    if precision not in choices.PRECISIONS:  # (the CLI's choices guard --precision; the API's here)
+        raise MnistflowError(f"--precision {str(precision)[:40]!r}: expected one of {', '.join(choices.PRECISIONS)}")
+    if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral) or batch_size <= 0:
+        raise MnistflowError(f"batch size must be positive (an integer), got {str(batch_size)[:40]}")
     dev = pick_device(device)
     set_threads(threads)
     model, info = load_any(model_path, model_name, dev, data=data)

@@ -42,6 +42,8 @@ def _settings(stderr: str) -> dict:
 
 
 IMPORT = "import mnistflow, torch, os; torch.ones(4).sum(); print(os.environ.get('OMP_WAIT_POLICY'))"
+TUNE = ("import mnistflow, os; mnistflow.tune_openmp(); import torch; torch.ones(4).sum(); "
+        "print(os.environ.get('OMP_WAIT_POLICY'))")
 
 
 @pytest.fixture
@@ -58,10 +60,15 @@ def neighbour():
         busy.wait()
 
 
-def test_importing_mnistflow_first_beside_a_running_process_makes_libgomp_wait_passively(neighbour):
-    omp, out = _libgomp(IMPORT)
+def test_tune_openmp_before_torch_beside_a_running_process_makes_libgomp_wait_passively(neighbour):
+    omp, out = _libgomp(TUNE)
     assert omp == {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": SPIN["passive"]}
     assert out.strip() == "PASSIVE"  # and what mnistflow starts (--nproc, loader workers) inherits it
+
+
+def test_importing_mnistflow_changes_nothing_in_the_process(neighbour):
+    omp, out = _libgomp(IMPORT)  # beside a running process all the same: the import chooses nothing
+    assert omp["GOMP_SPINCOUNT"] == SPIN["libgomp default"] and out.strip() == "None"
 
 
 def test_the_command_line_sets_it_before_torch_loads(neighbour):

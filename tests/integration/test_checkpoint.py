@@ -45,7 +45,7 @@ def test_run_keeps_last_k_and_best_with_pointers_and_everything_to_resume(mnist_
     assert checkpoint.read_header(best)["metric"]["value"] == max(vals.values())
     for _, p in files:
         head = checkpoint.verify(p)
-        assert head["format_version"] == checkpoint.FORMAT_VERSION == 2 and len(head["payload_sha256"]) == 64
+        assert head["format_version"] == checkpoint.FORMAT_VERSION == 1 and len(head["payload_sha256"]) == 64
     assert not list(folder.glob(".*.tmp"))
 
     payload = checkpoint.load(folder / "step-000060.pt")
@@ -138,16 +138,11 @@ class _Evil:
 
 def test_pickle_payloads_are_refused_and_never_executed(tmp_path):
     marker = tmp_path / "executed"
-    # 1. a well-formed (version 1) checkpoint (header, correct checksum) whose payload needs
-    # arbitrary pickle (tests/unit/test_artifacts_checkpoint.py forges a version 2 one)
+    # 1. a well-formed checkpoint (header, correct checksum) whose payload needs arbitrary pickle
     forged = tmp_path / "forged.pt"
     buf = io.BytesIO()
     torch.save({"format_version": 1, "model": _Evil(marker)}, buf)
-    body = buf.getvalue()
-    import hashlib
-
-    head = {"format_version": 1, "payload_bytes": len(body), "payload_sha256": hashlib.sha256(body).hexdigest()}
-    forged.write_bytes(checkpoint.MAGIC + json.dumps(head).encode() + b"\n" + body)
+    forged.write_bytes(checkpoint.seal(buf.getvalue(), {"step": 1}))
     checkpoint.verify(forged)  # the checksum is fine...
     with pytest.raises(MnistflowError, match="refused: the file carries a pickle payload"):
         checkpoint.load(forged)  # ...but the content is refused

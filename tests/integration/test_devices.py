@@ -15,7 +15,7 @@ from helpers.cli import assert_one_line_error, run_cli
 from mnistflow.runtime import dist
 from mnistflow.core.errors import MnistflowError
 from mnistflow.runtime.cpu import busy_cores_elsewhere, default_threads, threads_for_load, usable_cores
-from mnistflow.runtime.device import pick_device, pick_precision
+from mnistflow.runtime.device import pick_device
 from mnistflow.training.api import train
 
 TINY = dict(model="softmax", max_steps=2, batch_size=32, threads=1, quiet=True, tensorboard=False,
@@ -42,15 +42,6 @@ def test_unusable_devices_fail_before_work(mnist_records, tmp_path, name, fragme
     with pytest.raises(MnistflowError, match=fragment.replace("(", r"\(")):
         train(device=name, data=str(mnist_records), run_dir=str(tmp_path / "r"), **TINY)
     assert not (tmp_path / "r").exists()
-
-
-@pytest.mark.parametrize("name", ["fp8", "FP32", "", None])
-def test_an_unknown_precision_is_one_error_in_the_api_too(name):
-    """The CLI's choices guard --precision; the API's evaluate(precision=...) reaches
-    pick_precision directly, which accepted any name and reported it."""
-    with pytest.raises(MnistflowError, match=r"--precision .*: expected one of auto, fp32, bf16, fp16"):
-        pick_precision(name, torch.device("cpu"))
-    assert pick_precision("fp32", torch.device("cpu")) == "fp32"
 
 
 def test_auto_and_cpu_devices():

@@ -106,35 +106,3 @@ def test_auto_takes_clothing_on_fashion_mnist(fashion_records, tmp_path):
               validate=False, **QUIET)
     assert load_toml(run / "config.toml")["augment"] == "clothing"
     assert s["test_acc"] >= 0.5, s
-
-
-def test_a_checkpoint_from_before_policies_resumes_bitwise(synthetic_records, tmp_path):
-    """A checkpoint saved when --augment was a switch (augment = true in its configuration and
-    its config.toml) continues with the augmentation it had (grey images: glyphs), bit for
-    bit as a run that was never interrupted; asking for another policy is refused."""
-    from safetensors.torch import load_file
-
-    from mnistflow.artifacts import checkpoint
-    from mnistflow.core.errors import MnistflowError
-
-    common = dict(model="mlp", data=str(synthetic_records), batch_size=50, epochs=2, augment="glyphs",
-                  checkpoint_every=4, **QUIET)
-    train(run_dir=tmp_path / "a", max_steps=4, **common)
-    ck = checkpoint.find_latest(tmp_path / "a" / "checkpoints")
-    payload = checkpoint.load(ck)
-    assert payload["config"]["augment"] == "glyphs"
-    payload["config"]["augment"] = True  # as an older mnistflow wrote it
-    checkpoint.write(ck, payload)
-    toml = tmp_path / "a" / "config.toml"
-    toml.write_text(toml.read_text().replace('augment = "glyphs"', "augment = true"))
-    with pytest.raises(MnistflowError, match="augment: glyphs -> photos"):
-        train(run_dir=tmp_path / "a", resume=True, max_steps=8, augment="photos", quiet=True)
-    s = train(run_dir=tmp_path / "a", resume=True, max_steps=8, quiet=True)
-    assert s["steps"] == 8 and s["resumed_from"].endswith("step-000004.pt")
-    assert load_toml(toml)["augment"] == "glyphs"
-    train(run_dir=tmp_path / "b", max_steps=8, **common)
-    a, b = (load_file(str(tmp_path / r / "model.safetensors")) for r in "ab")
-    assert all(torch.equal(a[k], b[k]) for k in a)
-    train(run_dir=tmp_path / "c", max_steps=8, **{**common, "augment": "off"})
-    c = load_file(str(tmp_path / "c" / "model.safetensors"))
-    assert not all(torch.equal(a[k], c[k]) for k in a)  # the augmentation mattered

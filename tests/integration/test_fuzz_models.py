@@ -6,7 +6,7 @@ files whose metadata or weights lied made eval/predict/serve crash or try to all
 
 The loaders: ``model.safetensors`` (``artifacts.model_file`` through ``load_any``), npz (whole
 model through ``load_any``, and the selective restore ``load_npz_into`` of ``--init-from``),
-checkpoints version 2 and version 1 (``artifacts.checkpoint``), and ONNX (``artifacts.onnx``).
+checkpoints (``artifacts.checkpoint``), and ONNX (``artifacts.onnx``).
 The seeds are a tiny model (3 classes of 4x4 pictures, 51 parameters) so that a mutation
 lands in the header, the metadata or the structure as often as in the weights. Checkpoints
 are checksummed, so most mutations stop at the checksum; a second target re-seals the mutated
@@ -17,7 +17,6 @@ random hunt by hand.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import warnings
 
@@ -95,11 +94,6 @@ def _checkpoint_payload(version: int) -> dict:
             "data": {}, "model_info": json.loads(INFO.to_json())}
 
 
-def _v1(body: bytes) -> bytes:
-    head = {"format_version": 1, "payload_bytes": len(body), "payload_sha256": hashlib.sha256(body).hexdigest()}
-    return checkpoint.MAGIC + json.dumps(head).encode() + b"\n" + body
-
-
 def _onnx_bytes() -> bytes:
     pytest.importorskip("onnx")
     pytest.importorskip("onnxruntime")
@@ -126,12 +120,10 @@ def seeds(tmp_path_factory) -> dict[str, bytes]:
     model = tiny_model()
     save_model(tmp / "m.safetensors", model, INFO)
     write_npz(tmp / "m.npz", {k: v.numpy() for k, v in model.state_dict().items()}, INFO)
-    body = checkpoint._serialize(_checkpoint_payload(2))
+    body = checkpoint._serialize(_checkpoint_payload(checkpoint.FORMAT_VERSION))
     out = {"safetensors": (tmp / "m.safetensors").read_bytes(), "npz": (tmp / "m.npz").read_bytes(),
-           "ckpt_body": body, "ckpt_v2": checkpoint.seal(body, {"step": 3}),
-           "ckpt_v1": _v1(checkpoint._serialize(_checkpoint_payload(1)))}
-    for name, suffix in (("safetensors", ".safetensors"), ("npz", ".npz"), ("ckpt_v2", ".pt"),
-                         ("ckpt_v1", ".pt")):
+           "ckpt_body": body, "ckpt": checkpoint.seal(body, {"step": 3})}
+    for name, suffix in (("safetensors", ".safetensors"), ("npz", ".npz"), ("ckpt", ".pt")):
         p = tmp / f"seed-{name}{suffix}"
         p.write_bytes(out[name])
         load_any(p)  # every seed loads (this first call, unmeasured, imports what loading needs)
@@ -193,8 +185,7 @@ def test_checkpoint_files(seeds, work):
     @FUZZ
     @given(st.data())
     def run(data):
-        which = data.draw(st.sampled_from(["ckpt_v2", "ckpt_v1"]))
-        blob = data.draw(inputs(seeds[which], 512))
+        blob = data.draw(inputs(seeds["ckpt"], 512))
         p = work / "step-000003.pt"
         p.write_bytes(blob)
         loads_or_fails(p)
@@ -204,12 +195,12 @@ def test_checkpoint_files(seeds, work):
 
 
 def _reseal(body: bytes) -> bytes:
-    """A mutated torch archive as a version-2 checkpoint whose checksum matches it (when it is
-    still a zip at all), so that torch.load reads it; else as version 1."""
+    """A mutated torch archive as a checkpoint whose checksum matches it, so that torch.load
+    reads it; as it is when it is no zip any more (the reader refuses it)."""
     try:
         return checkpoint.seal(body, {"step": 3})
     except Exception:  # noqa: BLE001 -- not a zip any more (zipfile fails in many ways)
-        return _v1(body)
+        return body
 
 
 def test_checkpoint_payloads(seeds, work):
@@ -240,8 +231,7 @@ def test_onnx(onnx_seed, work):
 
 def test_the_seeds_are_real_models(seeds, onnx_seed, work):
     """The fuzz starts from files that load and classify (else it would only test refusals)."""
-    for name, suffix in (("safetensors", ".safetensors"), ("npz", ".npz"), ("ckpt_v2", ".pt"),
-                         ("ckpt_v1", ".pt")):
+    for name, suffix in (("safetensors", ".safetensors"), ("npz", ".npz"), ("ckpt", ".pt")):
         p = work / f"real-{name}{suffix}"
         p.write_bytes(seeds[name])
         model, info = load_any(p)

@@ -12,7 +12,7 @@ from helpers.cli import assert_one_line_error, run_cli
     (["--epochs", "nan"], {}, "--epochs must be a finite number, got nan"),
     (["--epochs", "inf"], {}, "--epochs must be a finite number, got inf"),
     (["--warmup", "nan"], {}, "--warmup must be a finite number, got nan"),
-    (["--weight-decay", "-1"], {}, "--weight-decay must be a number >= 0, got -1.0"),
+    (["--weight-decay", "-1"], {}, "--weight-decay must be in [0, 1000], got -1.0"),
     (["--seed", str(2**70)], {}, "--seed must be an integer in [0, 4294967295]"),
     (["--momentum", "nan"], {}, "--momentum must be a finite number, got nan"),
     ([], {"MNISTFLOW_THREADS": "abc"}, "MNISTFLOW_THREADS must be an integer from 1 to 1024 (or unset), "

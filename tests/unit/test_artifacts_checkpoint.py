@@ -2,9 +2,7 @@
 entry), the reading of version-1 files, and the strict restore."""
 from __future__ import annotations
 
-import hashlib
 import io
-import json
 import os
 import tracemalloc
 import zipfile
@@ -35,25 +33,15 @@ def _payload(model: nn.Module | None = None) -> dict:
                               model_info=dict(INFO))
 
 
-def _write_v1(path, payload: dict) -> None:
-    """A checkpoint as mnistflow wrote it before version 2 (MAGIC line + JSON + torch.save)."""
-    buf = io.BytesIO()
-    torch.save(dict(payload, format_version=1), buf)
-    body = buf.getvalue()
-    head = {"format_version": 1, "payload_bytes": len(body), "step": 7,
-            "payload_sha256": hashlib.sha256(body).hexdigest()}
-    path.write_bytes(checkpoint.MAGIC + json.dumps(head).encode() + b"\n" + body)
-
-
 def test_a_fresh_checkpoint_opens_with_plain_torch_load(tmp_path):
     payload = _payload()
     path = checkpoint.write(tmp_path / "step-000007.pt", payload, {"step": 7, "reason": "test"})
     plain = torch.load(path, weights_only=True)  # no mnistflow needed to read it
-    assert set(plain) == set(checkpoint.PAYLOAD_KEYS) and plain["format_version"] == 2
+    assert set(plain) == set(checkpoint.PAYLOAD_KEYS) and plain["format_version"] == 1
     assert all(torch.equal(plain["model"][k], v) for k, v in payload["model"].items())
     assert plain["optimizer"]["state"] and plain["train_state"]["step"] == 7
     head = checkpoint.verify(path)
-    assert head["format_version"] == 2 and head["step"] == 7 and len(head["payload_sha256"]) == 64
+    assert head["format_version"] == 1 and head["step"] == 7 and len(head["payload_sha256"]) == 64
     assert checkpoint.read_header(path) == head and checkpoint.is_checkpoint_file(path)
     loaded = checkpoint.load(path)
     assert loaded["header"]["reason"] == "test"
@@ -104,41 +92,22 @@ def test_a_pickle_payload_with_a_valid_checksum_is_refused(tmp_path):
             return (print, ("executed",))
 
     buf = io.BytesIO()
-    torch.save({"format_version": 2, "model": Evil()}, buf)
+    torch.save({"format_version": 1, "model": Evil()}, buf)
     (tmp_path / "forged.pt").write_bytes(checkpoint.seal(buf.getvalue(), {"step": 1}))
     checkpoint.verify(tmp_path / "forged.pt")  # the checksum is right...
     with pytest.raises(MnistflowError, match="refused: the file carries a pickle payload"):
         checkpoint.load(tmp_path / "forged.pt")  # ...the content is refused
 
 
-def test_version_1_checkpoints_still_load(tmp_path):
-    payload = _payload()
-    old = tmp_path / "step-000007.pt"
-    _write_v1(old, payload)
-    assert checkpoint.is_checkpoint_file(old) and checkpoint.read_header(old)["step"] == 7
-    loaded = checkpoint.load(old)
-    assert loaded["format_version"] == 1 and loaded["header"]["format_version"] == 1
-    assert all(torch.equal(loaded["model"][k], v) for k, v in payload["model"].items())
-    assert checkpoint.find_latest(tmp_path) == old
-    model, info = load_any(old)
-    assert info.model == "mlp" and all(torch.equal(model.state_dict()[k], v)
-                                       for k, v in payload["model"].items())
-    old.write_bytes(old.read_bytes()[:-50])
-    with pytest.raises(checkpoint.CorruptCheckpoint, match="truncated"):
-        checkpoint.load(old)
-
-
-def test_a_folder_of_version_1_checkpoints_goes_on_in_version_2(tmp_path):
-    folder = tmp_path / "checkpoints"
-    folder.mkdir()
-    _write_v1(folder / "step-000001.pt", _payload())
-    ck = checkpoint.CheckpointDir(folder, keep=2)
-    for step in (2, 3):
-        ck.save(step, _payload(), {"name": "val_acc", "value": step / 10, "step": step})
-    assert [s for s, _ in checkpoint.step_files(folder)] == [2, 3]
-    assert checkpoint.read_pointer(folder, checkpoint.LAST).name == "step-000003.pt"
-    assert checkpoint.read_pointer(folder, checkpoint.BEST).name == "step-000003.pt"
-    assert checkpoint.find_latest(folder).name == "step-000003.pt"
+def test_a_checkpoint_of_another_format_version_is_refused(tmp_path, monkeypatch):
+    """No compatibility layer before the first release: one format version, refused by name."""
+    body = checkpoint._serialize(_payload())
+    with monkeypatch.context() as m:
+        m.setattr(checkpoint, "FORMAT_VERSION", 2)  # as a later mnistflow would write it
+        (tmp_path / "other.pt").write_bytes(checkpoint.seal(body, {"step": 7}))
+    with pytest.raises(MnistflowError, match=r"checkpoint format version 2 is not supported \(this mnistflow "
+                                             r"reads version 1\)"):
+        checkpoint.verify(tmp_path / "other.pt")
 
 
 def test_restore_is_strict_and_names_what_does_not_fit():

@@ -118,12 +118,17 @@ def test_a_consumer_that_stops_early_ends_the_reader_at_once(rec):
     assert threading.active_count() == before and L.stats.batches == 1 and L.start_batch == 0
 
 
-def test_bad_batch_size_is_a_clear_error(rec):
+def test_bad_batch_size_or_precision_is_a_clear_error_at_the_api_edge(tmp_path):
+    """evaluate() is the public edge a batch size or precision reaches unchecked by argparse
+    (the loader inside trusts its caller)."""
     from mnistflow.core.errors import MnistflowError
+    from mnistflow.inference import evaluate
 
-    with pytest.raises(MnistflowError, match="batch size must be positive"):
-        make_loader(rec, "val", batch_size=0)
-    for bad in (2.5, "64", True, -1):  # the API's evaluate(batch_size=...) reaches here unchecked
+    for bad in (0, 2.5, "64", True, -1):
         with pytest.raises(MnistflowError, match=r"batch size must be positive \(an integer\), got "):
-            make_loader(rec, "val", batch_size=bad)
-    assert make_loader(rec, "val", batch_size=np.int64(7)).batch_size == 7
+            evaluate(tmp_path / "no-run", batch_size=bad)
+    for bad in ("fp8", "FP32", "", None):
+        with pytest.raises(MnistflowError, match=r"--precision .*: expected one of auto, fp32, bf16, fp16"):
+            evaluate(tmp_path / "no-run", precision=bad)
+    with pytest.raises(MnistflowError, match="no-run"):  # good values: on to the model, which is missing
+        evaluate(tmp_path / "no-run", batch_size=np.int64(7), precision="fp32")

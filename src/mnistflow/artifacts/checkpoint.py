@@ -10,11 +10,11 @@ validation accuracy, and two pointer files, ``last`` and ``best``, naming them. 
 is the training loop's business (``training.checkpointing``); this module is the file format
 and the folder.
 
-File format (version 2): a standard ``torch.save`` zip archive of the payload dict, so plain
+File format (version 1): a standard ``torch.save`` zip archive of the payload dict, so plain
 ``torch.load(path, weights_only=True)`` opens it, plus one more zip entry,
 ``<archive>/mnistflow.json``, that torch ignores::
 
-    {"format_version": 2, "payload_bytes": N, "payload_sha256": "...", "step": ..., "metric": ...}
+    {"format_version": 1, "payload_bytes": N, "payload_sha256": "...", "step": ..., "metric": ...}
 
 where the checksum covers the first N bytes of the file: every entry torch wrote (its pickle
 and tensor data). mnistflow verifies size and checksum before anything is unpickled, so a
@@ -22,9 +22,6 @@ truncated or corrupted file is detected, never loaded. The payload is read with
 ``torch.load(weights_only=True)``: tensors and plain Python values only; a file whose pickle
 would build other objects (and could execute code) is refused. RNG states are stored as
 tensors and plain numbers for that.
-
-Version 1 files (``MNISTFLOW-CHECKPOINT`` line, JSON header line, then the torch.save bytes)
-are still read; new files are always version 2.
 """
 from __future__ import annotations
 
@@ -51,9 +48,7 @@ from mnistflow.core.fsutil import NotReadable, atomic_write, atomic_write_text, 
     read_regular
 from mnistflow.core.log import warn
 
-FORMAT_VERSION = 2
-READS = (1, 2)  # format versions this mnistflow reads
-MAGIC = b"MNISTFLOW-CHECKPOINT\n"  # version 1's first line
+FORMAT_VERSION = 1
 ZIP_MAGIC = b"PK\x03\x04"
 META_ENTRY = "mnistflow.json"  # inside the torch archive's folder: <archive>/mnistflow.json
 CKPT_DIR = CHECKPOINTS
@@ -108,7 +103,7 @@ def _serialize(payload: dict) -> bytes:
 
 
 def seal(body: bytes, meta: dict | None = None) -> bytes:
-    """A version-2 checkpoint file: the torch.save archive ``body`` plus the ``mnistflow.json``
+    """A checkpoint file: the torch.save archive ``body`` plus the ``mnistflow.json``
     entry holding ``meta``, the size and sha256 of torch's entries."""
     buf = io.BytesIO(body)
     with zipfile.ZipFile(buf) as z:
@@ -132,7 +127,7 @@ def write(path: str | Path, payload: dict, meta: dict | None = None) -> Path:
 
 
 def _zip_header(src, path: Path, verify_body: bool = False, data: bytes | None = None) -> tuple[dict, int]:
-    """(the mnistflow.json header, its entry's offset) of a version-2 file. ``verify_body``:
+    """(the mnistflow.json header, its entry's offset) of a checkpoint file. ``verify_body``:
     check the size and sha256 of torch's entries, then the zip directory against every entry
     (names, CRC-32s), so nothing torch would read is unchecked."""
     try:
@@ -143,7 +138,7 @@ def _zip_header(src, path: Path, verify_body: bool = False, data: bytes | None =
                                         f"{META_ENTRY})", path)
             head = json.loads(z.read(entry))
             if verify_body:
-                if not isinstance(head, dict) or head.get("format_version") == 1:
+                if not isinstance(head, dict):
                     raise CorruptCheckpoint("corrupt checkpoint header", path)
                 _check_body(head, memoryview(data if data is not None else src.getvalue())
                             [:entry.header_offset], path)
@@ -166,10 +161,7 @@ def read_header(path: str | Path) -> dict:
     p = Path(path)
     try:
         with _open(p) as f:
-            first = f.read(len(MAGIC))
-            if first == MAGIC:
-                return json.loads(f.readline(limits.MAX_CHECKPOINT_HEADER_BYTES))
-            if first.startswith(ZIP_MAGIC):
+            if f.read(len(ZIP_MAGIC)) == ZIP_MAGIC:
                 f.seek(0)
                 return _zip_header(f, p)[0]
     except OSError as e:
@@ -200,10 +192,9 @@ def _check_body(head: dict, body: bytes | memoryview, path: Path) -> None:
                                 "payload bytes)", path)
     if hashlib.sha256(body).hexdigest() != digest:
         raise CorruptCheckpoint("corrupt checkpoint (sha256 of the payload does not match)", path)
-    if head.get("format_version") not in READS:
+    if head.get("format_version") != FORMAT_VERSION:
         raise MnistflowError(f"checkpoint format version {head.get('format_version')} is not "
-                             f"supported (this mnistflow reads versions {', '.join(map(str, READS))})",
-                             path)
+                             f"supported (this mnistflow reads version {FORMAT_VERSION})", path)
 
 
 def _read_verified(path: Path) -> tuple[dict, bytes]:
@@ -214,17 +205,6 @@ def _read_verified(path: Path) -> tuple[dict, bytes]:
         data = read_regular(path, limits.MAX_CHECKPOINT_BYTES, "checkpoint")
     except NotReadable as e:
         raise CorruptCheckpoint(e.detail, path) from None
-    if data.startswith(MAGIC):  # version 1: header line, then the torch.save bytes
-        nl = data.find(b"\n", len(MAGIC))
-        try:
-            head = json.loads(data[len(MAGIC):nl])
-        except ValueError:
-            raise CorruptCheckpoint("corrupt checkpoint header", path) from None
-        if not isinstance(head, dict) or head.get("format_version") != 1:
-            raise CorruptCheckpoint("corrupt checkpoint header", path)
-        body = data[nl + 1:]
-        _check_body(head, body, path)
-        return head, body
     if not data.startswith(ZIP_MAGIC):
         raise CorruptCheckpoint("not a mnistflow checkpoint (no header)", path)
     head, _ = _zip_header(io.BytesIO(data), path, verify_body=True, data=data)
@@ -274,14 +254,10 @@ def verify(path: str | Path) -> dict:
 
 
 def is_checkpoint_file(path: str | Path) -> bool:
-    """A mnistflow checkpoint (either version) by its first bytes and, for a zip, its header
-    entry; nothing is verified."""
+    """A mnistflow checkpoint by its first bytes and its header entry; nothing is verified."""
     try:
         with open_regular(path) as f:
-            first = f.read(len(MAGIC))
-            if first == MAGIC:
-                return True
-            if not first.startswith(ZIP_MAGIC):
+            if f.read(len(ZIP_MAGIC)) != ZIP_MAGIC:
                 return False
             f.seek(0)
             with zipfile.ZipFile(f) as z:

@@ -38,7 +38,6 @@ MAX_RECORD_VALUES = 1 << 28  # H * W * C of one image, as a record set's meta.js
 # A model file (safetensors, ONNX) is read whole: 40 times the largest registered model in fp32.
 MAX_MODEL_BYTES = 512 << 20
 MAX_CHECKPOINT_BYTES = 4 * MAX_MODEL_BYTES  # read whole: the weights, two optimizer moments, the rest
-MAX_CHECKPOINT_HEADER_BYTES = 1 << 20  # the JSON header line of a version-1 checkpoint
 MAX_POINTER_BYTES = 4096  # a checkpoint folder's ``last`` / ``best`` file: one file name
 MAX_SAFETENSORS_HEADER_BYTES = 64 << 20  # a safetensors JSON header (names, shapes, metadata)
 MAX_MODEL_META_CHARS = 16 << 20  # a model's metadata JSON (in a model file or an npz)

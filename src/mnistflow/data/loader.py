@@ -15,7 +15,6 @@ the epoch and the step within it.
 """
 from __future__ import annotations
 
-import numbers
 
 import queue
 import threading
@@ -26,7 +25,6 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from mnistflow.core.errors import MnistflowError
 from mnistflow.data import augment as augmod
 from mnistflow.data.normalize import Normalizer
 
@@ -117,8 +115,6 @@ class Loader:
                  seed: int = 0, drop_last: bool = False, rank: int = 0, world_size: int = 1,
                  channels_last: bool = False, augment: str | None = None,
                  dtype: torch.dtype = torch.float32, pad: bool = True):
-        if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral) or batch_size <= 0:
-            raise MnistflowError(f"batch size must be positive (an integer), got {str(batch_size)[:40]}")
         self.device = torch.device(device)
         self.y_np = np.asarray(y)
         self.n = len(self.y_np)
