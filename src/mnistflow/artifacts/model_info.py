@@ -17,7 +17,7 @@ import json
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from mnistflow.core import limits
 from mnistflow.core.errors import MnistflowError
@@ -104,52 +104,12 @@ def _is_number(v: object) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
-def _per_channel(v: Any, d: dict) -> bool:
-    return isinstance(v, list) and len(v) == d["in_shape"][0] and all(_is_number(x) for x in v)
-
-
-def _label_values(v: Any, d: dict) -> bool:
-    return v is None or (isinstance(v, list) and len(v) == len(d["class_names"])
-                         and all(_is_int(x) and x >= 0 for x in v) and len(set(v)) == len(v))
-
-
-_Check = tuple[str, Callable[[Any, dict], bool], Callable[[Any, dict], str]]
-# (field, its test given the fields checked before it, the error), in order; a field absent
-# from the file (only an optional one can be) is not checked
-_CHECKS: tuple[_Check, ...] = (
-    ("model", lambda v, d: isinstance(v, str) and bool(v.strip()) and len(v) <= limits.MAX_MODEL_NAME,
-     lambda v, d: f"model must be a non-empty name of at most {limits.MAX_MODEL_NAME:,} characters"),
-    ("in_shape", lambda v, d: isinstance(v, list) and len(v) == 3 and all(_is_int(x) and x > 0 for x in v),
-     lambda v, d: f"in_shape must be 3 positive integers (C, H, W), got {str(v)[:80]}"),
-    ("in_shape", lambda v, d: v[0] <= limits.MAX_CHANNELS and v[0] * v[1] * v[2] <= limits.MAX_INPUT_VALUES,
-     lambda v, d: f"in_shape {v[0]}x{v[1]}x{v[2]} is too large (at most {limits.MAX_CHANNELS} channels and "
-                  f"{limits.MAX_INPUT_VALUES:,} values per image)"),
-    ("class_names", lambda v, d: isinstance(v, list),
-     lambda v, d: f"class_names must be a list of 1 to {limits.MAX_CLASSES:,} names"),
-    ("class_names", lambda v, d: 1 <= len(v) <= limits.MAX_CLASSES,
-     lambda v, d: f"class_names must be a list of 1 to {limits.MAX_CLASSES:,} names, got {len(v):,}"),
-    ("class_names", lambda v, d: all(isinstance(n, str) and len(n) <= limits.MAX_CLASS_NAME for n in v),
-     lambda v, d: f"class_names must be strings of at most {limits.MAX_CLASS_NAME:,} characters"),
-    *((key, _per_channel, lambda v, d, key=key: f"{key} must be {d['in_shape'][0]} finite number(s), "
-                                               f"one per channel, got {str(v)[:80]}")
-      for key in ("mean", "std")),
-    ("std", lambda v, d: all(x > 0 for x in v), lambda v, d: "std must be positive"),
-    *((key, lambda v, d, kinds=kinds: isinstance(v, kinds),
-       lambda v, d, key=key: f"{key} has the wrong type ({type(v).__name__})")
-      for key, kinds in (("dataset", str), ("records", (str, type(None))), ("metrics", dict),
-                         ("factory", str), ("factory_kwargs", dict))),
-    ("label_values", _label_values,
-     lambda v, d: f"label_values must be {len(d['class_names'])} distinct non-negative integers, "
-                  "one per class name"),
-)
-
-
 def check_model_info(d: object, where: str | Path | None = None) -> ModelInfo:
-    """A ``ModelInfo`` from its dict form as a file holds it, every field checked for type,
-    range and consistency (``_CHECKS``: in_shape of 3 positive ints within ``limits.MAX_INPUT_VALUES``,
-    1..``limits.MAX_CLASSES`` class names, one finite mean and positive std per channel). Unknown keys
-    (a newer mnistflow's) are ignored, and a file from before ``factory`` or ``label_values``
-    existed gets their defaults; anything wrong is one ``MnistflowError``."""
+    """A ``ModelInfo`` from its dict form as a file holds it (an untrusted input), every field
+    checked for type, range and consistency: in_shape of 3 positive ints within
+    ``limits.MAX_INPUT_VALUES``, 1 to ``limits.MAX_CLASSES`` class names, one finite mean and
+    positive std per channel. Unknown keys (a newer mnistflow's) are ignored; anything wrong is
+    one ``MnistflowError``."""
     def bad(why: str) -> MnistflowError:
         return MnistflowError(f"invalid mnistflow metadata: {why}", where)
 
@@ -158,12 +118,39 @@ def check_model_info(d: object, where: str | Path | None = None) -> ModelInfo:
     missing = [k for k in _REQUIRED if k not in d]
     if missing:
         raise bad(f"missing {', '.join(missing)}")
-    for key, ok, why in _CHECKS:
-        if key in d and not ok(d[key], d):
-            raise bad(why(d[key], d))
+    model = d["model"]
+    if not isinstance(model, str) or not model.strip() or len(model) > limits.MAX_MODEL_NAME:
+        raise bad(f"model must be a non-empty name of at most {limits.MAX_MODEL_NAME:,} characters")
+    shape = d["in_shape"]
+    if not (isinstance(shape, list) and len(shape) == 3 and all(_is_int(v) and v > 0 for v in shape)):
+        raise bad(f"in_shape must be 3 positive integers (C, H, W), got {str(shape)[:80]}")
+    c, h, w = shape
+    if c > limits.MAX_CHANNELS or c * h * w > limits.MAX_INPUT_VALUES:
+        raise bad(f"in_shape {c}x{h}x{w} is too large (at most {limits.MAX_CHANNELS} channels and "
+                  f"{limits.MAX_INPUT_VALUES:,} values per image)")
+    names = d["class_names"]
+    if not isinstance(names, list) or not 1 <= len(names) <= limits.MAX_CLASSES:
+        raise bad(f"class_names must be a list of 1 to {limits.MAX_CLASSES:,} names"
+                  + (f", got {len(names):,}" if isinstance(names, list) else ""))
+    if not all(isinstance(n, str) and len(n) <= limits.MAX_CLASS_NAME for n in names):
+        raise bad(f"class_names must be strings of at most {limits.MAX_CLASS_NAME:,} characters")
+    for key in ("mean", "std"):
+        v = d[key]
+        if not (isinstance(v, list) and len(v) == c and all(_is_number(x) for x in v)):
+            raise bad(f"{key} must be {c} finite number(s), one per channel, got {str(v)[:80]}")
+    if any(x <= 0 for x in d["std"]):
+        raise bad("std must be positive")
+    for key, kinds in (("dataset", (str,)), ("records", (str, type(None))), ("metrics", (dict,)),
+                       ("factory", (str,)), ("factory_kwargs", (dict,))):
+        if key in d and not isinstance(d[key], kinds):
+            raise bad(f"{key} has the wrong type ({type(d[key]).__name__})")
+    values = d.get("label_values")
+    if values is not None and not (isinstance(values, list) and len(values) == len(names)
+                                   and all(_is_int(v) and v >= 0 for v in values)
+                                   and len(set(values)) == len(values)):
+        raise bad(f"label_values must be {len(names)} distinct non-negative integers, one per class name")
     fields = {k: v for k, v in d.items() if k in ModelInfo.__dataclass_fields__}
-    fields.update(in_shape=list(d["in_shape"]), mean=[float(x) for x in d["mean"]],
-                  std=[float(x) for x in d["std"]])
+    fields.update(in_shape=list(shape), mean=[float(x) for x in d["mean"]], std=[float(x) for x in d["std"]])
     return ModelInfo(**fields)
 
 

@@ -40,6 +40,10 @@ class LoaderStats:
     batches: int = 0
     queue_depth: int = 0  # batches ready in the queue at the last fetch (resident: always 0)
 
+    def reset(self) -> None:
+        """Forget what was counted (after the warm-up's throw-away batch)."""
+        self.wait_s, self.batches, self.queue_depth = 0.0, 0, 0
+
 
 def epoch_order(n: int, seed: int, epoch: int, rank: int = 0, world_size: int = 1,
                 shuffle: bool = True, drop_last: bool = False, pad: bool = True) -> torch.Tensor:

@@ -468,7 +468,7 @@ def warm_up(run: Run) -> None:
         run.model(xb).float().sum().backward()
     run.raw_model.load_state_dict(state)  # BN statistics back to their initial values
     run.optimizer.zero_grad(set_to_none=True)
-    run.train_loader.stats.__init__()
+    run.train_loader.stats.reset()
     eval_loader = run.val_loader or run.test_loader
     if eval_loader is not None:  # the evaluation's own kernels (its batch size, no autograd): ~30 ms
         run.raw_model.eval()
