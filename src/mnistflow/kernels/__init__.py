@@ -114,6 +114,7 @@ class _State:
     amx: _Verdict = field(default_factory=_Verdict)  # the AMX kernels (wgrad's, muon's tiles)
     vector: _Verdict = field(default_factory=_Verdict)  # the AVX-512-BF16 ones (wgrad, muon)
     ops: set[str] = field(default_factory=set)  # the ops that ran on a kernel (mark_used)
+    off: bool = False  # a run's --kernels off (switch_off): PyTorch's ops, whatever the environment
 
 
 _state = _State()
@@ -135,8 +136,17 @@ def _switch(name: str) -> bool:
 
 
 def enabled() -> bool:
-    """``$MNISTFLOW_KERNELS``: the native kernels may be used (the default)."""
-    return _switch(KERNELS_ENV)
+    """The native kernels may be used (the default): not ``$MNISTFLOW_KERNELS=0``, not a run's
+    ``--kernels off``."""
+    return not _state.off and _switch(KERNELS_ENV)
+
+
+def switch_off(off: bool) -> None:
+    """A run's ``--kernels``: off (True) makes every op take PyTorch's path in this process until
+    switched back; the library is looked up afresh after a change."""
+    if off != _state.off:
+        _state.off = off
+        library.cache_clear()
 
 
 def check_environment() -> None:
@@ -214,7 +224,7 @@ def _load() -> ctypes.CDLL:
 def library() -> ctypes.CDLL | None:
     """The loaded and checked kernel library, or None (``reason()`` says why)."""
     if not enabled():
-        _state.reason = "off (MNISTFLOW_KERNELS=0)"
+        _state.reason = "off (--kernels off)" if _state.off else "off (MNISTFLOW_KERNELS=0)"
         return None
     try:
         lib = _load()

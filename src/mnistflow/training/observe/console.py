@@ -45,6 +45,8 @@ class ConsoleLogger:
         self.progress.on_train_end(logs)
 
     def on_step_end(self, step: int, logs: dict) -> None:
+        if "loss" not in logs:  # an unlogged step: nothing measured
+            return
         self._emit(f"epoch {logs['epoch']:6.2f}  step {step:>6}/{self.total:<6}  "
                    f"loss {logs['loss']:.4f}  acc {100 * logs['acc']:6.2f}%  lr {logs['lr']:.2e}  "
                    f"{logs['img_per_s']:>9,.0f} img/s  data wait {100 * logs['data_wait_frac']:4.1f}%"

@@ -62,7 +62,9 @@ class FinalizeGuard:
         self._handles = []
         return False
 
-    def on_step_end(self, step: int, logs: dict | None) -> None:
+    def on_step_end(self, step: int, logs: dict) -> None:
+        if "loss" not in logs:  # checked on logged steps only (the loop's cheap steps skip it)
+            return
         now = self._state()
         if now != self.snapshot:
             added = sorted(set(now) - set(self.snapshot))

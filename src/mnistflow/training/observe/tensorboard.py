@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from mnistflow.core.log import warn
+from mnistflow.training.hooks import EPOCH_KEYS
 
 if TYPE_CHECKING:
     from tensorboard.compat.proto.config_pb2 import RunMetadata
@@ -52,7 +53,7 @@ class TensorBoardLogger:
 
     def on_step_end(self, step: int, logs: dict) -> None:
         w = self.writer
-        if w is None:
+        if w is None or "loss" not in logs:  # logged steps (the measured scalars) only
             return
         for k, tag in _TRAIN.items():
             w.add_scalar(tag, logs[k], step)
@@ -70,7 +71,7 @@ class TensorBoardLogger:
     def on_epoch_end(self, epoch: int, logs: dict) -> None:
         w = self.writer
         if w is not None:
-            self._extras(w, logs["step"], logs, {"epoch", "step"})
+            self._extras(w, logs["step"], logs, set(EPOCH_KEYS))  # a hook's scalars (the rest is written)
 
     def add_graph(self, model: torch.nn.Module, example: torch.Tensor) -> None:
         """The model's graph (traced on ``example``), written silently: the tracer's warnings are
