@@ -116,13 +116,11 @@ class Run:
 
 
 def _threads_for_a_shared_machine() -> int | None:
-    """The default thread count, lowered when other processes keep cores busy (only when no
-    one chose: no ``--threads``, no ``$MNISTFLOW_THREADS``, not under torchrun, where the
-    busy cores are the other ranks), and only when mnistflow did not see an idle machine at
-    import (``core.openmp``; the 0.25 s sample would be a sixth of a `fast` run). A thread that
-    shares a core with a busy process slows every op: 2 spinning threads beside one took 4.6x
-    their idle time on a Zen 4 VM, 2 passive ones 3.4x, 1 thread 1.2x (Zen 2: 2.4x, 1.3x,
-    1.3x; benchmarks/busy_neighbour.py)."""
+    """The default thread count, lowered when other processes keep cores busy (a thread that
+    shares a core with a busy process slows every op: BENCHMARKS.md, "A busy neighbour"). Only
+    when no one chose (no ``--threads``, no ``$MNISTFLOW_THREADS``, not under torchrun, where the
+    busy cores are the other ranks) and mnistflow did not see an idle machine when the command
+    started (``core.openmp``). The count the run got is recorded: a replay uses it."""
     if env_threads() or local_processes() > 1:
         return None
     if openmp.chosen == "spin":  # mnistflow saw no other process running when it was imported
