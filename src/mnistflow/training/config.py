@@ -454,37 +454,13 @@ def to_dict(cfg: TrainConfig) -> dict:
     return dataclasses.asdict(cfg)
 
 
-def toml_value(v: Any) -> str:
-    """``v`` (a setting's value: bool, int, float or str) as a TOML value. Strings are basic
-    strings: backslash, quote and control characters escaped, every other character (one
-    outside the BMP too) written as itself; the file is UTF-8."""
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, int):
-        return str(v)
-    if isinstance(v, float):
-        return repr(v)  # '0.001', '1e-05', '1e+38': TOML floats (a config's are finite)
-    if isinstance(v, str):
-        return '"' + "".join(_TOML_ESCAPES.get(c) or (f"\\u{ord(c):04X}" if ord(c) < 0x20 or c == "\x7f" else c)
-                             for c in v) + '"'
-    if isinstance(v, (list, tuple)):
-        return "[" + ", ".join(toml_value(x) for x in v) + "]"
-    if isinstance(v, dict):  # an inline table; keys quoted, so any text is a key
-        return "{" + ", ".join(f"{toml_value(str(k))} = {toml_value(x)}" for k, x in v.items()) + "}"
-    raise TypeError(f"no TOML value for {type(v).__name__}")
-
-
-_TOML_ESCAPES = {"\\": "\\\\", '"': '\\"', "\b": "\\b", "\t": "\\t", "\n": "\\n", "\f": "\\f", "\r": "\\r"}
-
-
 def save_toml(cfg: TrainConfig, path: str | Path) -> None:
-    """Write the resolved configuration as TOML (``None`` values are left out); ``load_toml``
-    reads back the same values, whatever characters the text settings hold."""
-    lines = ["# mnistflow resolved configuration: mnistflow train --config THIS_FILE", "version = 1"]
-    for k, v in to_dict(cfg).items():
-        if v is None or k == "resume":  # resuming is an action, not a setting
-            continue
-        lines.append(f"{k} = {toml_value(v)}")
+    """Write the resolved configuration as TOML (``None`` values and ``resume``, an action, left
+    out), with ``tomli_w``; ``load_toml`` reads back the same values, whatever the text holds."""
+    import tomli_w
+
     from mnistflow.core.fsutil import atomic_write_text
 
-    atomic_write_text(path, "\n".join(lines) + "\n")
+    values = {k: v for k, v in to_dict(cfg).items() if v is not None and k != "resume"}
+    atomic_write_text(path, "# mnistflow resolved configuration: mnistflow train --config THIS_FILE\n"
+                      + tomli_w.dumps({"version": 1, **values}))
