@@ -23,6 +23,7 @@ pools of spinning threads on the same cores collapse).
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import os
@@ -33,6 +34,7 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
+from typing import Iterator
 from pathlib import Path
 
 import torch
@@ -114,7 +116,7 @@ class _State:
     amx: _Verdict = field(default_factory=_Verdict)  # the AMX kernels (wgrad's, muon's tiles)
     vector: _Verdict = field(default_factory=_Verdict)  # the AVX-512-BF16 ones (wgrad, muon)
     ops: set[str] = field(default_factory=set)  # the ops that ran on a kernel (mark_used)
-    off: bool = False  # a run's --kernels off (switch_off): PyTorch's ops, whatever the environment
+    off: bool = False  # a run's --kernels off (switched_off): PyTorch's ops, whatever the environment
 
 
 _state = _State()
@@ -141,12 +143,20 @@ def enabled() -> bool:
     return not _state.off and _switch(KERNELS_ENV)
 
 
-def switch_off(off: bool) -> None:
-    """A run's ``--kernels``: off (True) makes every op take PyTorch's path in this process until
-    switched back; the library is looked up afresh after a change."""
-    if off != _state.off:
+@contextlib.contextmanager
+def switched_off(off: bool) -> Iterator[None]:
+    """A run's ``--kernels``: inside the block, off (True) makes every op take PyTorch's path in
+    this process; the switch is as it was after it (the library is looked up afresh on a change)."""
+    before = _state.off
+    if off != before:
         _state.off = off
         library.cache_clear()
+    try:
+        yield
+    finally:
+        if _state.off != before:
+            _state.off = before
+            library.cache_clear()
 
 
 def check_environment() -> None:

@@ -31,8 +31,10 @@ from mnistflow.core.log import warn
 from mnistflow.training.callbacks import check_callbacks
 from mnistflow.training.user_model import build_user_model, cannot_rebuild, import_path
 
+
 def train(model: str | nn.Module | Callable[..., nn.Module] | None = None,
-          data: str | os.PathLike | Any = None, *, callbacks: Iterable | None = None,
+          data: str | os.PathLike | Any = None, *, val_data: Any = None, test_data: Any = None,
+          callbacks: Iterable | None = None,
           loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
           model_kwargs: dict | None = None, config: str | os.PathLike | None = None,
           **settings) -> dict:
@@ -41,15 +43,23 @@ def train(model: str | nn.Module | Callable[..., nn.Module] | None = None,
     ``model``: a registered name, a layer spec, an ``nn.Module``, or a class / function that
     returns one (called with ``model_kwargs``, plus ``in_shape`` and ``num_classes`` from the
     data when it takes them); None: the recipe's or the default model. ``data``: a records
-    directory, raw input, or ``open_records(...)``. ``callbacks``: see
+    directory, raw input, ``open_records(...)``, or data in memory: an ``(x, y)`` pair of numpy
+    arrays or tensors, a torch ``Dataset`` or ``DataLoader`` (written once into the cache as
+    records: ``data.memory``). ``val_data`` / ``test_data``: the splits validated and tested on
+    (without ``val_data``, one is carved from data in memory as ``prep`` does; see
+    ``data.open.training_data``). ``callbacks``: see
     ``mnistflow.training.callbacks``. ``loss(logits, targets)``: replaces cross-entropy.
     ``config``: a TOML file (``RUN/config.toml``); ``settings`` override it.
     """
-    if data is not None:
-        settings["data"] = str(getattr(data, "path", data))  # a Records object: its directory
     cbs = check_callbacks(callbacks)
     if loss is not None and not callable(loss):
         raise MnistflowError(f"loss must be a function (logits, targets) -> loss; got {type(loss).__name__}")
+    if data is not None or val_data is not None or test_data is not None:
+        from mnistflow.data.open import training_data
+
+        settings["data"], settings["dataset"] = training_data(
+            data, val_data, test_data, dataset=settings.get("dataset"),
+            quiet=bool(settings.get("quiet") or settings.get("json")))
     from mnistflow.models.registry import check_trainable
     from mnistflow.training.configure import configure
     from mnistflow.training.loop import fit

@@ -81,7 +81,8 @@ def fit(cfg: TrainConfig, *, model: torch.nn.Module | None = None, callbacks: Se
     device = dist.device_for(info, device)
     kernels.reset_used()
     try:
-        with log.recording() as warned, log.quiet(cfg.quiet), contextlib.ExitStack() as held:
+        with log.recording() as warned, log.quiet(cfg.quiet), contextlib.ExitStack() as held, \
+                kernels.switched_off(cfg.kernels == "off"):
             run = start(cfg, device, info, held, resume=resume, model=model, callbacks=callbacks,
                         loss_fn=None if loss_fn is None else _checked_loss(loss_fn))
             summary = finish(run, run_epochs(run), warned)

@@ -266,14 +266,14 @@ def build_run(cfg: TrainConfig, run_dir: Path, device: torch.device, info: dist.
 
 def _machine(cfg: TrainConfig, device: torch.device, info: dist.DistInfo,
              resume: resumemod.Resume | None) -> TrainConfig:
-    """This process's threads, native kernels, GPU memory cap, allocator and denormals, as the
-    run asks; ``cfg`` with the thread count and kernels it got, which decide the last bits of the
-    weights (config.toml records them: a replay gets the same, on a busy machine too)."""
+    """This process's threads, GPU memory cap, allocator and denormals, as the run asks; ``cfg``
+    with the thread count and native kernels it got (``fit`` switches them for the run), which
+    decide the last bits of the weights (config.toml records them: a replay gets the same, on a
+    busy machine too)."""
     threads = cfg.threads or (_threads_for_a_shared_machine() if device.type == "cpu" else 2)
     set_threads(threads)
     if resume is not None and info.is_primary:
         _say_thread_change(resume, info.world_size)
-    kernels.switch_off(cfg.kernels == "off")
     limit_gpu_memory(cfg.gpu_memory_fraction, device)
     if device.type == "cpu":
         tune_malloc()
