@@ -49,6 +49,9 @@ class KnownDataset:
     mirrors: tuple[str, ...]
     class_names: tuple[str, ...]
     augment: str  # the augmentation policy ``--augment auto`` uses (data/augment.py)
+    # how a picture is made into one of its images (``data.picture.STYLES``): the ink's box
+    # scaled and placed as its images were made, or the whole picture resized (photos)
+    picture: str = "mnist"
     homepage: str = ""
     aliases: tuple[str, ...] = field(default_factory=tuple)
     label_values: tuple[int, ...] = ()  # the label of each class name; () is 0..K-1
@@ -112,7 +115,8 @@ def _emnist(split: str) -> KnownDataset:
     names, values = _EMNIST_NAMES[split]
     return KnownDataset(
         name=f"emnist-{split}", format="emnist", files=(EMNIST_ZIP,), mirrors=EMNIST_MIRRORS,
-        class_names=names, augment="glyphs", label_values=values, folder="emnist", split=split,
+        class_names=names, augment="glyphs", picture="emnist", label_values=values, folder="emnist",
+        split=split,
         homepage="https://www.nist.gov/itl/products-and-services/emnist-dataset",
         aliases=(f"emnist{split}",))
 
@@ -152,6 +156,7 @@ KNOWN: dict[str, KnownDataset] = {
         class_names=("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal",
                      "Shirt", "Sneaker", "Bag", "Ankle boot"),
         augment="clothing",
+        picture="fashion",
         homepage="https://github.com/zalandoresearch/fashion-mnist",
         aliases=("fashion", "fashionmnist", "fmnist"),
     ),
@@ -193,6 +198,7 @@ KNOWN: dict[str, KnownDataset] = {
         class_names=("airplane", "automobile", "bird", "cat", "deer", "dog", "frog",
                      "horse", "ship", "truck"),
         augment="photos",
+        picture="resize",
         homepage="https://www.cs.toronto.edu/~kriz/cifar.html",
         aliases=("cifar-10", "cifar"),
     ),
