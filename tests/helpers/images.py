@@ -8,7 +8,7 @@ import zlib
 
 import numpy as np
 
-from helpers.cli import MNIST_DIR
+from helpers.realdata import MNIST_DIR
 
 
 def real_digits(n: int, start: int = 0) -> tuple[np.ndarray, np.ndarray]:
