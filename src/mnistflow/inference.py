@@ -31,6 +31,7 @@ from mnistflow.artifacts.rundir import SUMMARY
 from mnistflow.artifacts.runlog import describe_views, read_summary
 from mnistflow.core.errors import MnistflowError
 from mnistflow.core.log import warn
+from mnistflow.data import memory
 from mnistflow.data.augment import mirror_safe
 from mnistflow.core import choices
 from mnistflow.core.choices import TTA_VIEWS
@@ -194,25 +195,23 @@ def _pictures_in(folder: Path) -> list[Path]:
     return found
 
 
-IMAGES_ACCEPTED = ("a path (a PNG/JPEG/IDX file or a folder of pictures), a list of paths, or a "
-                   "uint8 array (N, H, W, C) of images already at the model's size")
+IMAGES_ACCEPTED = ("a path (a PNG/JPEG/IDX file or a folder of pictures), a list of paths, or an "
+                   "array of images already at the model's size (as train takes them)")
 
 
 def _is_array(x: object) -> bool:
     return isinstance(x, (np.ndarray, torch.Tensor))
 
 
-def _image_arg(images: object) -> list[Path] | np.ndarray:
+def _image_arg(images: object) -> list[Path] | np.ndarray | torch.Tensor:
     """``predict``'s ``images`` as a list of paths (one path is one input, never its
-    characters; a folder is the pictures in it) or a numpy array (a torch tensor is brought
-    to the CPU); anything else is a ``MnistflowError`` saying what is accepted."""
-    if isinstance(images, torch.Tensor):
-        return images.detach().cpu().numpy()
-    if isinstance(images, np.ndarray):
+    characters; a folder is the pictures in it) or an array (numpy or torch, checked later);
+    anything else is a ``MnistflowError`` saying what is accepted."""
+    if isinstance(images, (np.ndarray, torch.Tensor)) and images.ndim:
         return images
     if isinstance(images, (str, os.PathLike)):
         images = [images]
-    elif isinstance(images, (bytes, bytearray, dict)) or not isinstance(images, Iterable):
+    elif isinstance(images, (bytes, bytearray, dict, np.ndarray, torch.Tensor)) or not isinstance(images, Iterable):
         raise MnistflowError(f"images must be {IMAGES_ACCEPTED}; got {type(images).__name__}")
     out: list[Path] = []
     for x in images:
@@ -224,23 +223,28 @@ def _image_arg(images: object) -> list[Path] | np.ndarray:
     return out
 
 
-def _check_array(a: np.ndarray, in_shape: tuple[int, int, int]) -> np.ndarray:
-    """A batch given as an array: uint8 (N, H, W, C) at the model's size (``predict_arrays``)."""
-    c, h, w = in_shape
-    if a.dtype != np.uint8 or a.ndim != 4 or tuple(a.shape[1:]) != (h, w, c):
-        raise MnistflowError(f"an array of images must be uint8 (N, {h}, {w}, {c}) for this model "
-                             f"(pictures at the model's size); got {a.dtype} {tuple(a.shape)}")
+def _check_array(a: np.ndarray | torch.Tensor, in_shape: tuple[int, int, int]) -> np.ndarray:
+    """A batch given as an array, read by the rules ``train`` reads its images by
+    (``data.memory.images``: N x H x W, N x H x W x C or N x C x H x W; uint8, integers 0..255
+    or floats 0..1 or 0..255), as uint8 N x H x W x C at the model's size."""
     if not len(a):
         raise MnistflowError("no images given")
-    return a
+    batch = memory.images(a, "images")
+    c, h, w = in_shape
+    if tuple(batch.shape[1:]) != (h, w, c):
+        raise MnistflowError(f"images: this model takes {h} x {w} pictures with {c} channel"
+                             f"{'s' if c > 1 else ''}; the array holds {batch.shape[1]} x "
+                             f"{batch.shape[2]} with {batch.shape[3]} (shape {tuple(a.shape)})")
+    return batch
 
 
 def predict(model_path: str | Path, images: str | Path | list[str | Path] | np.ndarray, *,
             as_is: bool = False, device: str = "cpu", model_name: str | None = None,
             data: str | Path | None = None, max_pixels: int | None = None) -> list[dict]:
     """Label and class probabilities for each image: ``images`` is one path or a list of paths
-    (picture files, folders of them, IDX files of many images), or a uint8 array (N, H, W, C)
-    of images already at the model's size (numpy, or a torch tensor), named ``array[i]``.
+    (picture files, folders of them, IDX files of many images), or an array of images
+    already at the model's size (numpy or torch; any layout and pixel scale ``train`` takes),
+    named ``array[i]``.
 
     A picture file is made as the model's dataset images were made (``data.picture``: the
     polarity, the ink's box scaled and centred), as the served page does; ``as_is`` feeds it

@@ -1,7 +1,8 @@
 """``mnistflow.predict``'s arguments (the Python API): one path is one image (never its
-characters), a folder is the pictures in it, a list of paths, or a uint8 array (N, H, W, C) at
-the model's size (numpy or torch); anything else (a number, a list of numbers, an array of another shape or dtype, a
-model that is not a path) is one ``MnistflowError`` saying what is accepted."""
+characters), a folder is the pictures in it, a list of paths, or an array of images at the
+model's size in any layout and pixel scale ``train`` takes (numpy or torch); anything else (a
+number, a list of numbers, an array of another size or of values that are not pixels, a model
+that is not a path) is one ``MnistflowError`` saying what is accepted."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -51,9 +52,19 @@ def test_an_array_at_the_models_size_is_a_batch(model_and_images):
         assert [p["probabilities"] for p in preds] == [p["probabilities"] for p in from_files]
 
 
-ACCEPTED = ("images must be a path (a PNG/JPEG/IDX file or a folder of pictures), a list of paths, or a "
-            "uint8 array (N, H, W, C) of images already at the model's size; got ")
-SHAPE = "an array of images must be uint8 (N, 28, 28, 1) for this model (pictures at the model's size); got "
+def test_an_array_in_any_layout_or_pixel_scale_train_takes_is_the_same_batch(model_and_images):
+    """N x H x W, channels first (a torch tensor as a DataLoader gives it), 0..1 or 0..255 floats,
+    int64: each is read as train reads its images, into the same predictions."""
+    model, _, images = model_and_images
+    want = [p["probabilities"] for p in mnistflow.predict(model, images)]
+    for arr in (images[..., 0], torch.from_numpy(images).permute(0, 3, 1, 2), images / 255.0,
+                images.astype(np.float32), torch.from_numpy(images[..., 0]).long(),
+                torch.from_numpy(images).permute(0, 3, 1, 2).float() / 255):
+        assert [p["probabilities"] for p in mnistflow.predict(model, arr)] == want
+
+
+ACCEPTED = ("images must be a path (a PNG/JPEG/IDX file or a folder of pictures), a list of paths, or an "
+            "array of images already at the model's size (as train takes them); got ")
 
 
 @pytest.mark.parametrize("images, message", [
@@ -61,11 +72,19 @@ SHAPE = "an array of images must be uint8 (N, 28, 28, 1) for this model (picture
     (None, ACCEPTED + "NoneType"),
     (b"d0.png", ACCEPTED + "bytes"),
     ([1, 2], ACCEPTED + "a list with an item of type int"),
-    (np.zeros((3, 28, 28), np.uint8), SHAPE + "uint8 (3, 28, 28)"),
-    (np.zeros((3, 28, 28, 1), np.float32), SHAPE + "float32 (3, 28, 28, 1)"),
+    (np.zeros((3, 32, 32), np.uint8),
+     "images: this model takes 28 x 28 pictures with 1 channel; the array holds 32 x 32 with 1 (shape (3, 32, 32))"),
+    (np.zeros((3, 28, 28, 3), np.uint8),
+     "images: this model takes 28 x 28 pictures with 1 channel; the array holds 28 x 28 with 3 (shape (3, 28, 28, 3))"),
+    (np.full((3, 28, 28), -0.5, np.float32),
+     "images: the array (float32) holds values -0.5..-0.5: negative values are not pixels (normalized "
+     "images? give them before Normalize: mnistflow normalizes with the training images' mean and std itself)"),
+    (np.zeros((3, 784), np.uint8), "images: the array has shape (3, 784); expected N x H x W, N x H x W x C "
+                                   "or N x C x H x W with C 1 or 3 (flat images? reshape them: x.reshape(-1, 28, 28))"),
+    (np.array(["a", "b"]), "images: the array has shape (2,); expected N x H x W, N x H x W x C or N x C x H x W with C 1 or 3"),
     (np.zeros((0, 28, 28, 1), np.uint8), "no images given"),
     (np.uint8(3), ACCEPTED + "uint8"),
-    (np.array(3, np.uint8), SHAPE + "uint8 ()"),
+    (np.array(3, np.uint8), ACCEPTED + "ndarray"),
     ([], "no images given"),
 ])
 def test_anything_else_is_one_error_saying_what_is_accepted(model_and_images, images, message):

@@ -126,9 +126,9 @@ def _pair(x: object, y: object, what: str) -> Part:
 def images(x: np.ndarray | torch.Tensor, what: str = "images") -> np.ndarray:
     """A batch of images in memory (``x`` of a pair, by the same rules) as uint8 N x H x W x C:
     for a verb that takes arrays of images without labels."""
-    arr, _ = _batch(x, what, "x")
-    _check_images(arr, len(arr), what, "x")
-    return _Pixels(what, "x")(arr)
+    arr, _ = _batch(x, what, "the array")
+    _check_images(arr, None, what, "the array")  # (no dataset bound: these are not kept)
+    return _Pixels(what, "the array")(arr)
 
 
 def _batch(x: object, what: str, label: str) -> tuple[np.ndarray, str]:
