@@ -73,7 +73,8 @@ def evaluate(model_path: str | Path, split: str = "test", *, data: str | Path | 
         raise MnistflowError(f"records hold {rec.shape} images but the model takes "
                              f"{tuple(info.in_shape)} (C, H, W)", rec.path)
     outputs = outputs_of_records(info, rec, split)  # checked before any image is classified
-    loader = make_loader(rec, split, batch_size=batch_size, device=dev, train=False)
+    # normalized as the model was trained (its own mean and std), not by the evaluated records'
+    loader = make_loader(rec, split, batch_size=batch_size, device=dev, train=False, norm=(info.mean, info.std))
     if outputs is not None:
         loader = _Relabelled(loader, outputs)
     mirror = mirror_safe(info.dataset or rec.name)

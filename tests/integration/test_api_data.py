@@ -28,3 +28,11 @@ def test_fast_recipe_on_numpy_arrays(mnist_arrays, tmp_path):
     assert rec.meta["splits"] == {"train": 55000, "val": 5000, "test": 10000}  # carved as prep does
     ev = mnistflow.evaluate(tmp_path / "run", data=(tx, ty))
     assert abs(ev["acc"] - s["test_acc"]) <= 0.002
+    # a set of other images (the 1s alone: far less ink than the training images) is normalized
+    # by the model's own mean and std, as predict and serve do, not by the set's
+    ones = ty == 1
+    ev1 = mnistflow.evaluate(tmp_path / "run", data=(tx[ones], ty[ones]))
+    probs = np.array([p["probabilities"] for p in mnistflow.predict(tmp_path / "run", tx[ones])])
+    assert ev1["n"] == int(ones.sum())
+    assert ev1["acc"] == pytest.approx(float((probs.argmax(1) == 1).mean()), abs=1e-9)
+    assert ev1["loss"] == pytest.approx(float(-np.log(np.maximum(probs[:, 1], 1e-6)).mean()), rel=2e-3)

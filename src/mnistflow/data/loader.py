@@ -288,9 +288,12 @@ def fits_in_memory(nbytes: int, device: torch.device) -> bool:
 def make_loader(rec: Records, split: str, *, batch_size: int, device: torch.device | str = "cpu",
                 train: bool = True, seed: int = 0, drop_last: bool = False, rank: int = 0,
                 world_size: int = 1, channels_last: bool = False, augment: str | None = None,
-                resident: str = "auto", delay_s: float = 0.0, pad: bool = True) -> Loader:
+                resident: str = "auto", delay_s: float = 0.0, pad: bool = True,
+                norm: tuple[list[float], list[float]] | None = None) -> Loader:
     """The loader for ``split`` of an opened record set (``mnistflow.data.records.Records``).
 
+    ``norm``: the (mean, std) per channel to normalize by: a trained model's own, when its
+    images come from other records; by default the records' own (training's).
     ``rank``/``world_size``: this process's shard (see ``epoch_order``); ``pad=False`` for
     evaluation shards, which count every image exactly once over the ranks. ``augment``: a
     policy name (``data.augment.POLICIES``), ``auto`` (the records' dataset's own), ``off``."""
@@ -303,7 +306,8 @@ def make_loader(rec: Records, split: str, *, batch_size: int, device: torch.devi
     nbytes = sum(a.nbytes for a in xs)
     if resident == "auto":
         resident = "yes" if fits_in_memory(nbytes, device) and not delay_s else "no"
-    common = dict(batch_size=batch_size, mean=rec.mean, std=rec.std, device=device,
+    mean, std = norm or (rec.mean, rec.std)
+    common = dict(batch_size=batch_size, mean=mean, std=std, device=device,
                   shuffle=train, seed=seed, drop_last=drop_last, rank=rank,
                   world_size=world_size, channels_last=channels_last, pad=pad)
     if resident == "yes":
