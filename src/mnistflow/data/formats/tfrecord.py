@@ -5,7 +5,9 @@ uint32 masked CRC32C of the data (all little-endian). Both CRCs are checked. A f
 be gzip-compressed (``.gz`` or gzip magic bytes). The data is a protobuf ``Example``:
 ``Features features = 1`` -> ``map<string, Feature> feature = 1`` -> one of
 ``BytesList bytes_list = 1``, ``FloatList float_list = 2``, ``Int64List int64_list = 3``
-(packed or not). Only the wire format is needed, decoded here by hand. (The tests' writer,
+(packed or not). Only the wire format is needed, decoded here by hand: TensorBoard's protos (a
+dependency) lack ``Example``, and TensorFlow or the ``tfrecord`` package would add a large
+install (and, for the latter, its own unbounded reads) for three message types. (The tests' writer,
 the inverse of this reader, lives in ``tests/helpers/tfrecord_writer.py``.)
 
 Images: the ``image_key`` feature holds encoded PNG/JPEG bytes, or raw uint8 pixels whose
