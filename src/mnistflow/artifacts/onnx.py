@@ -38,15 +38,17 @@ if TYPE_CHECKING:
 
 @contextlib.contextmanager
 def quiet_exporter() -> Iterator[None]:
-    """The exporter prints progress and warnings (e.g. 'torchvision is not installed'); the
-    user sees our result table instead. Errors still propagate."""
-    loggers = [logging.getLogger(n) for n in ("torch.onnx", "torch.export", "torch._export",
+    """The exporters (torch.onnx, torch.export) print progress and warnings (e.g. 'torchvision
+    is not installed'; a failed trace's partial graph, on stderr); the user sees our result
+    table, or our one error line, instead. Errors still propagate."""
+    loggers = [logging.getLogger(n) for n in ("torch", "torch.onnx", "torch.export", "torch._export",
                                                "onnxscript", "onnx_ir", "root", "")]
     levels = [lg.level for lg in loggers]
     for lg in loggers:
         lg.setLevel(logging.ERROR)
     try:
-        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), \
+                contextlib.redirect_stderr(io.StringIO()):
             warnings.simplefilter("ignore")
             yield
     finally:
