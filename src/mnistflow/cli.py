@@ -359,7 +359,7 @@ def _run_doctor(a) -> int:
 def _add_export(sub) -> None:
     p = sub.add_parser("export", help="a trained model as ONNX (verified), npz or safetensors")
     p.add_argument("model", type=Path, help="a run directory, a checkpoint or a model file")
-    p.add_argument("--format", required=True, choices=["onnx", "npz", "safetensors"])
+    p.add_argument("--format", required=True, choices=choices.EXPORT_FORMATS)
     p.add_argument("--out", help="file to write (default: next to the model)")  # str: keeps a trailing /
     p.add_argument("--force", action="store_true", help="replace the --out file (and its .int8.onnx) if it exists")
     p.add_argument("--only", action="append", metavar="GLOB",

@@ -29,13 +29,13 @@ from mnistflow.artifacts.model_info import META_KEY, ModelInfo
 from mnistflow.artifacts.npz import globs, selected, write_npz
 from mnistflow.artifacts.onnx import OnnxBackend, quiet_exporter, session, to_onnx
 from mnistflow.artifacts.rundir import CHECKPOINTS, RunDir
+from mnistflow.core.choices import EXPORT_FORMATS
 from mnistflow.core.errors import MnistflowError, display, import_optional
 from mnistflow.core.fsutil import atomic_write_bytes
 from mnistflow.core.progress import stages
 from mnistflow.runtime.cpu import set_threads
 
-FORMATS = ("onnx", "npz", "safetensors")
-EXT = {"onnx": ".onnx", "npz": ".npz", "safetensors": ".safetensors"}
+EXT = {"onnx": ".onnx", "npz": ".npz", "safetensors": ".safetensors"}  # by EXPORT_FORMATS
 
 
 def _records(info: ModelInfo, data):
@@ -166,8 +166,8 @@ def export(model_path: str | Path, format: str, out: str | Path | None = None,
     next to the model (``default_out``), replacing an earlier export there: it is derived
     from the run and made again from it."""
     fmt = format.lower()
-    if fmt not in FORMATS:
-        raise MnistflowError(f"unknown export format '{format}' (known: {', '.join(FORMATS)})")
+    if fmt not in EXPORT_FORMATS:
+        raise MnistflowError(f"unknown export format '{format}' (known: {', '.join(EXPORT_FORMATS)})")
     if quantize not in (None, "int8"):
         raise MnistflowError(f"--quantize supports int8, got '{quantize}'")
     if quantize and fmt != "onnx":
