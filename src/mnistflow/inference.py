@@ -5,7 +5,8 @@
     mnistflow predict runs/fast-1 digit.png t10k-images-idx3-ubyte.gz
 
 Both take anything ``artifacts.load.load_any`` reads: a run directory, model.safetensors, a
-checkpoint, an npz (with the model name) or an ONNX file (run in onnxruntime on the CPU).
+checkpoint, an npz (with the model name), an ONNX file (run in onnxruntime on the CPU) or a
+``.pt2`` export (a torch.export program, trusted: ``artifacts.pt2``).
 
 Both speak the data's own labels: a model trained on labels 1..26 predicts "label" 1..26 (its
 output index is "index"), and eval's per-class table and confusion matrix list 1..26 (their

@@ -171,13 +171,14 @@ def _resolve(model_or_path, input_size, channels, num_classes) -> tuple[nn.Modul
         from mnistflow.artifacts.load import load_any
         from mnistflow.artifacts.model_file import build_model, unwrap
         from mnistflow.artifacts.onnx import OnnxBackend
+        from mnistflow.artifacts.pt2 import ExportedModel
 
         model, info = load_any(p)
         c0, h0, w0 = info.in_shape
         shape = (channels or c0, h or h0, w or w0)
         if shape[0] != c0:  # another channel count: the architecture, from its name
             model = _create(info.model, shape, info.num_classes)
-        elif isinstance(model, OnnxBackend):  # the layers of the model it was exported from
+        elif isinstance(model, (OnnxBackend, ExportedModel)):  # the layers of the model it was exported from
             model = build_model(info, p)
         return unwrap(model), shape, f"{info.model} ({p})"
     if not looks_like_spec(text):

@@ -6,6 +6,7 @@
     model_file  model.safetensors, rebuilding a model, the one strict weight loader
     npz         parameters by name as .npz (export, --init-from)
     onnx        ONNX bytes from a model, the onnxruntime session, the ONNX predictor backend
+    pt2         a torch.export program (.pt2) from a model, and one loaded back as a module
     predictor   uint8 images -> class probabilities, for PyTorch and ONNX alike
     load        load_any: a model (or ONNX backend) from any of these files or a run directory
 

@@ -5,9 +5,12 @@
     model, info = load_any("runs/fast-1/checkpoints/step-000400.pt")
     model, info = load_any("weights.npz", "fast", data="data/mnist")   # a bare npz: name + records
     backend, info = load_any("runs/fast-1/model.onnx")        # an OnnxBackend (onnxruntime, CPU)
+    model, info = load_any("runs/fast-1/model.pt2")           # an ExportedModel (torch.export program)
 
 A PyTorch model comes back in eval mode on ``device``; an ``.onnx`` file comes back as an
-``artifacts.onnx.OnnxBackend`` (``logits``/``predict``, CPU). Wrap either with
+``artifacts.onnx.OnnxBackend`` (``logits``/``predict``, CPU); a ``.pt2`` as an
+``artifacts.pt2.ExportedModel`` on ``device`` (a program: load only .pt2 files you trust, see
+``artifacts.pt2``). Wrap any of them with
 ``artifacts.predictor.as_predictor`` to classify uint8 images. Weights always go through the
 strict loader (``model_file.load_weights``).
 """
@@ -24,6 +27,7 @@ from mnistflow.artifacts.model_file import MODEL_FILE, build_model, load_model, 
 from mnistflow.artifacts.model_info import ModelInfo, check_model_info, info_from_records
 from mnistflow.artifacts.npz import as_tensors, read_npz
 from mnistflow.artifacts.onnx import OnnxBackend, load_onnx
+from mnistflow.artifacts.pt2 import load_pt2
 from mnistflow.artifacts.rundir import RunDir
 from mnistflow.core import limits
 from mnistflow.core.errors import MnistflowError
@@ -96,12 +100,18 @@ def load_any(path: str | Path, model_name: str | None = None, device: torch.devi
     newest valid checkpoint. ``model_name`` picks the architecture of an ``.npz`` or a
     checkpoint (it defaults to the one recorded inside the file); an npz without mnistflow
     metadata also needs ``data`` (records or raw input) for the input shape, class names and
-    normalization. ``.onnx`` models come back as an ``OnnxBackend`` (onnxruntime, CPU).
+    normalization. ``.onnx`` models come back as an ``OnnxBackend`` (onnxruntime, CPU), ``.pt2``
+    programs (``mnistflow export --format pt2``) as an ``ExportedModel``.
     """
     p = resolve(path)
     suffix = p.suffix.lower()
     if suffix == ".onnx":
         return load_onnx(p)
+    if suffix == ".pt2":
+        model, info = load_pt2(p, device)
+        if model_name and model_name != info.model:
+            raise MnistflowError(f"the file holds a '{info.model}' model, not '{model_name}'", p)
+        return model, info
     if suffix == ".npz":
         return _npz_model(p, model_name, device, data)
     if checkpoint.is_checkpoint_file(p):
@@ -111,8 +121,8 @@ def load_any(path: str | Path, model_name: str | None = None, device: torch.devi
         obj = checkpoint.safe_torch_load(p, p)  # refuses pickle payloads with a clear error
         raise MnistflowError("not a mnistflow checkpoint (a plain torch file"
                              f"{' of ' + str(len(obj)) + ' entries' if isinstance(obj, dict) else ''}); "
-                             "use a run directory, model.safetensors, a checkpoint, an npz or an "
-                             "ONNX file", p)
+                             "use a run directory, model.safetensors, a checkpoint, an npz, an "
+                             "ONNX file or a .pt2 export", p)
     model, info = load_model(p, device)
     if model_name and model_name != info.model:
         raise MnistflowError(f"the file holds a '{info.model}' model, not '{model_name}'", p)

@@ -6,7 +6,10 @@ HTTP requests ``serve`` answers, and command-line and environment values. The ru
 or count such an input declares (a header's shape, a length prefix, a file's size, a flag) is
 checked against these before any memory is sized from it; past one is one error line. Each
 bound is far above any real MNIST-family input, so only a broken or hostile input meets it, and
-what passed is trusted inside. Not here: the plain ranges of settings (a learning rate, epochs:
+what passed is trusted inside. One model format is code, not data: a ``.pt2`` program
+(``artifacts.pt2``) is trusted as code is (torch.export.load unpickles, its graph calls what it
+names); only its size and its mnistflow info are bounded here, to catch a broken or foreign
+file. Not here: the plain ranges of settings (a learning rate, epochs:
 ``training.config``), the server's time and concurrency limits (``server.guard.Limits``), and
 design limits (an ensemble's members). Standard library only, so every layer can import it.
 """
@@ -35,7 +38,7 @@ MAX_RECORDS_META_BYTES = 1 << 24  # a record set's meta.json (names and checksum
 MAX_RECORD_VALUES = 1 << 28  # H * W * C of one image, as a record set's meta.json declares it
 
 # --- the files of a run, and model files ----------------------------------------------------
-# A model file (safetensors, ONNX) is read whole: 40 times the largest registered model in fp32.
+# A model file (safetensors, ONNX, .pt2) is read whole: 40 times the largest registered model in fp32.
 MAX_MODEL_BYTES = 512 << 20
 MAX_CHECKPOINT_BYTES = 4 * MAX_MODEL_BYTES  # read whole: the weights, two optimizer moments, the rest
 MAX_POINTER_BYTES = 4096  # a checkpoint folder's ``last`` / ``best`` file: one file name

@@ -15,7 +15,7 @@ __all__ = ["Predictor", "load_predictor"]
 
 def load_predictor(path: str | Path, threads: int = 1) -> Predictor:
     """A predictor for anything ``artifacts.load.load_any`` reads: a run directory,
-    ``model.safetensors``, a checkpoint, an npz with metadata, or an ``.onnx`` export."""
+    ``model.safetensors``, a checkpoint, an npz with metadata, an ``.onnx`` or a ``.pt2`` export."""
     import torch
 
     from mnistflow.artifacts.load import load_any
