@@ -319,7 +319,7 @@ def _run_predict(a) -> int:
 
 def _add_serve(sub) -> None:
     p = sub.add_parser("serve", help="the draw-a-digit web page and a JSON API for a trained model")
-    p.add_argument("model", type=Path, help="a run directory, a model file or an ONNX export")
+    p.add_argument("model", type=Path, help="a run directory, a model file, or an ONNX or .pt2 export")
     p.add_argument("--host", default="127.0.0.1",
                    help="address to listen on (default 127.0.0.1: this machine only; others get a warning)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 picks a free one)")
@@ -357,7 +357,8 @@ def _run_doctor(a) -> int:
 
 
 def _add_export(sub) -> None:
-    p = sub.add_parser("export", help="a trained model as ONNX (verified), npz or safetensors")
+    p = sub.add_parser("export", help="a trained model as ONNX or a torch.export program (pt2), both "
+                                      "verified; npz or safetensors")
     p.add_argument("model", type=Path, help="a run directory, a checkpoint or a model file")
     p.add_argument("--format", required=True, choices=choices.EXPORT_FORMATS)
     p.add_argument("--out", help="file to write (default: next to the model)")  # str: keeps a trailing /

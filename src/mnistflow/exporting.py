@@ -1,15 +1,18 @@
-"""``mnistflow export``: a trained model as ONNX (deployment), npz (name -> array) or safetensors.
+"""``mnistflow export``: a trained model as ONNX or a torch.export program (deployment), npz
+(name -> array) or safetensors.
 
     mnistflow export runs/fast-1 --format onnx                  # verified against PyTorch
     mnistflow export runs/fast-1 --format onnx --quantize int8  # plus an int8 model, compared
+    mnistflow export runs/fast-1 --format pt2                   # torch.export, verified likewise
     mnistflow export runs/fast-1 --format npz --only 'conv*'    # a subset of the parameters
     mnistflow export runs/fast-1/checkpoints/step-000400.pt --format safetensors --out w.safetensors
     mnistflow train --model seed-cnn --init-from runs/a/model.npz --init-only 'conv*'  # restore by name
 
 This module picks the format, verifies, and writes; the formats themselves live in
-``artifacts`` (``onnx``, ``npz``, ``model_file``). The ONNX model is verified in onnxruntime
-against PyTorch on the real test images of the model's records before it is written. onnx,
-onnxscript and onnxruntime are optional (``pip install 'mnistflow[onnx]'``).
+``artifacts`` (``onnx``, ``pt2``, ``npz``, ``model_file``). The ONNX model (in onnxruntime) and
+the pt2 program (loaded back from the bytes to be written) are verified against PyTorch on the
+real test images of the model's records before they are written. onnx, onnxscript and
+onnxruntime are optional (``pip install 'mnistflow[onnx]'``); pt2 needs PyTorch alone.
 """
 from __future__ import annotations
 
@@ -28,6 +31,7 @@ from mnistflow.artifacts.model_file import unwrap
 from mnistflow.artifacts.model_info import META_KEY, ModelInfo
 from mnistflow.artifacts.npz import globs, selected, write_npz
 from mnistflow.artifacts.onnx import OnnxBackend, quiet_exporter, session, to_onnx
+from mnistflow.artifacts.pt2 import ExportedModel, program_from_bytes, to_pt2
 from mnistflow.artifacts.rundir import CHECKPOINTS, RunDir
 from mnistflow.core.choices import EXPORT_FORMATS
 from mnistflow.core.errors import MnistflowError, display, import_optional
@@ -35,7 +39,7 @@ from mnistflow.core.fsutil import atomic_write_bytes
 from mnistflow.core.progress import stages
 from mnistflow.runtime.cpu import set_threads
 
-EXT = {"onnx": ".onnx", "npz": ".npz", "safetensors": ".safetensors"}  # by EXPORT_FORMATS
+EXT = {"onnx": ".onnx", "pt2": ".pt2", "npz": ".npz", "safetensors": ".safetensors"}  # by EXPORT_FORMATS
 
 
 def _records(info: ModelInfo, data):
@@ -139,7 +143,8 @@ def _check_out_name(raw: str, fmt: str) -> None:
     suffix = Path(raw).suffix.lower()
     other = next((f for f, ext in EXT.items() if ext == suffix and f != fmt), None)
     if other:
-        raise MnistflowError(f"the name of an {other} file, not {fmt}: name it *{EXT[fmt]} "
+        raise MnistflowError(f"the name of {'a' if other in ('pt2', 'safetensors') else 'an'} {other} file, "
+                             f"not {fmt}: name it *{EXT[fmt]} "
                              f"(or pass --format {other})", raw)
 
 
@@ -173,8 +178,9 @@ def export(model_path: str | Path, format: str, out: str | Path | None = None,
     if quantize and fmt != "onnx":
         raise MnistflowError("--quantize int8 applies to --format onnx")
     patterns = globs(only)
-    if patterns and fmt == "onnx":
-        raise MnistflowError("--only selects parameters for npz/safetensors; ONNX needs the whole model")
+    if patterns and fmt in ("onnx", "pt2"):
+        raise MnistflowError(f"--only selects parameters for npz/safetensors; {'ONNX' if fmt == 'onnx' else 'pt2'} "
+                             "needs the whole model")
     set_threads(None)  # $MNISTFLOW_THREADS or the usable cores, as eval and train (a bad value: one line)
     src = Path(model_path)
     named = out is not None
@@ -197,16 +203,16 @@ def export(model_path: str | Path, format: str, out: str | Path | None = None,
 
     free()
     model, info = load_any(src, model_name, "cpu", data=data)
-    if isinstance(model, OnnxBackend):
-        raise MnistflowError("already an ONNX model; export from the run directory, a checkpoint, "
-                             "model.safetensors or an npz", src)
+    if isinstance(model, (OnnxBackend, ExportedModel)):
+        raise MnistflowError(f"already an {'ONNX model' if isinstance(model, OnnxBackend) else 'exported program'}; "
+                             "export from the run directory, a checkpoint, model.safetensors or an npz", src)
     res: dict = {"format": fmt, "source": str(src), "model": info.model, "out": str(out)}
     sd = {k: v.detach().cpu() for k, v in unwrap(model).state_dict().items()}
     chosen = {k: v for k, v in sd.items() if selected(k, patterns)}
     if patterns and not chosen:
         raise MnistflowError(f"--only {','.join(patterns)} matches no name (names: "
                              f"{', '.join(list(sd)[:8])}{' ...' if len(sd) > 8 else ''})")
-    if fmt != "onnx":
+    if fmt in ("npz", "safetensors"):
         free()
     if fmt == "npz":
         arrays = {k: (v.float() if v.dtype == torch.bfloat16 else v).numpy() for k, v in chosen.items()}
@@ -218,10 +224,53 @@ def export(model_path: str | Path, format: str, out: str | Path | None = None,
         atomic_write_bytes(out, save({k: v.contiguous() for k, v in chosen.items()},
                                      metadata={META_KEY: info.to_json()}))
         res.update(names=len(chosen), values=int(sum(v.numel() for v in chosen.values())))
+    elif fmt == "pt2":
+        res.update(_export_pt2(model, info, out, data, verify_images, free))
     else:
         res.update(_export_onnx(model, info, out, quantize, data, verify_images, free))
     res["bytes"] = out.stat().st_size
     return res
+
+
+def _verify(model: nn.Module, run, info: ModelInfo, data, verify_images, what: str, acc_key: str
+            ) -> tuple[dict, np.ndarray, np.ndarray, np.ndarray]:
+    """``run`` (normalized images -> logits: the export) against PyTorch's ``model`` on the real
+    test images (the first ``verify_images``), all at once and one alone (the batch is dynamic);
+    a mismatch is an error (``what`` is not written). Returns the measures, the normalized
+    images, their labels and PyTorch's logits."""
+    x_u8, y, split = _test_images(info, data)
+    if verify_images:
+        x_u8, y = x_u8[:verify_images], y[:verify_images]
+    x = _normalized(x_u8, info)
+    ref = _logits_torch(model, x)
+    got = run(x)
+    one = run(x[:1])
+    max_diff = float(np.abs(ref - got).max())
+    agree = float((ref.argmax(1) == got.argmax(1)).mean())
+    scale = float(np.abs(ref).max()) or 1.0
+    if agree < 0.999 or max_diff > 1e-3 * max(scale, 1.0) or one.shape != (1, info.num_classes):
+        raise MnistflowError(f"{what} does not match PyTorch (max abs diff {max_diff:.3g}, "
+                             f"labels agree on {100 * agree:.2f}% of {len(x):,} images); not written")
+    res = {"verified_on": f"{len(x):,} images ({split})", "n_images": len(x), "max_abs_diff": max_diff,
+           "label_agreement": agree, "torch_acc": _accuracy(ref, y), acc_key: _accuracy(got, y)}
+    return res, x, y, ref
+
+
+def _export_pt2(model, info: ModelInfo, out: Path, data, verify_images, free) -> dict:
+    """torch.export, then the program loaded back from the very bytes to be written (as
+    ``load_any`` loads a .pt2) and verified; then ``free()`` and write."""
+    with stages(["torch.export", "verify"], "export") as stage:
+        stage("torch.export")
+        t0 = time.perf_counter()
+        blob = to_pt2(model, info)
+        export_s = time.perf_counter() - t0
+        stage("verify")
+        program, _ = program_from_bytes(blob, out)
+        checked, *_ = _verify(model, lambda x: _logits_torch(program, x), info, data, verify_images,
+                              "the exported program", "pt2_acc")
+    free()
+    atomic_write_bytes(out, blob)
+    return {"export_s": round(export_s, 2), **checked}
 
 
 def _export_onnx(model, info: ModelInfo, out: Path, quantize, data, verify_images, free) -> dict:
@@ -237,23 +286,9 @@ def _export_onnx_stages(stage, model, info: ModelInfo, out: Path, quantize, data
     blob = to_onnx(model, info)
     export_s = time.perf_counter() - t0
     stage("verify")
-    x_u8, y, split = _test_images(info, data)
-    if verify_images:
-        x_u8, y = x_u8[:verify_images], y[:verify_images]
-    x = _normalized(x_u8, info)
     backend = OnnxBackend(session(blob), info)
-    ref = _logits_torch(model, x)
-    got = backend.run(x)
-    one = backend.run(x[:1])  # the batch dimension is dynamic
-    max_diff = float(np.abs(ref - got).max())
-    agree = float((ref.argmax(1) == got.argmax(1)).mean())
-    scale = float(np.abs(ref).max()) or 1.0
-    if agree < 0.999 or max_diff > 1e-3 * max(scale, 1.0) or one.shape != (1, info.num_classes):
-        raise MnistflowError(f"the ONNX model does not match PyTorch (max abs diff {max_diff:.3g}, "
-                             f"labels agree on {100 * agree:.2f}% of {len(x):,} images); not written")
-    res = {"export_s": round(export_s, 2), "verified_on": f"{len(x):,} images ({split})",
-           "n_images": len(x), "max_abs_diff": max_diff, "label_agreement": agree,
-           "torch_acc": _accuracy(ref, y), "onnx_acc": _accuracy(got, y)}
+    checked, x, y, ref = _verify(model, backend.run, info, data, verify_images, "the ONNX model", "onnx_acc")
+    res = {"export_s": round(export_s, 2), **checked}
     if quantize != "int8":
         free()
         atomic_write_bytes(out, blob)
@@ -292,6 +327,11 @@ def format_export(res: dict) -> str:
     rows = [("wrote", f"{display(res['out'])}  ({res['bytes']:,} bytes)")]
     if res["format"] in ("npz", "safetensors"):
         rows.append(("tensors", f"{res['names']} ({res['values']:,} values)"))
+    if res["format"] == "pt2":
+        rows += [("verified on", f"{res['verified_on']}, loaded back, vs PyTorch"),
+                 ("max abs diff", f"{res['max_abs_diff']:.3g} (logits)"),
+                 ("labels agree", f"{100 * res['label_agreement']:.2f}%"),
+                 ("test accuracy", f"{100 * res['pt2_acc']:.2f}% (PyTorch {100 * res['torch_acc']:.2f}%)")]
     if res["format"] == "onnx":
         rows += [("verified on", f"{res['verified_on']} in onnxruntime vs PyTorch"),
                  ("max abs diff", f"{res['max_abs_diff']:.3g} (logits)"),

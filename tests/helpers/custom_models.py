@@ -57,3 +57,14 @@ def tiny_net(width: int = 8, in_shape=(1, 28, 28), num_classes: int = 10) -> nn.
 def flat_only(hidden: int = 16) -> nn.Module:
     """A model that expects flat (N, 784) vectors: it cannot take (N, 1, 28, 28) images."""
     return nn.Sequential(nn.Linear(784, hidden), nn.ReLU(), nn.Linear(hidden, 10))
+
+
+class ValueBranchNet(TinyNet):
+    """Control flow on the values of a tensor (which branch depends on the image): eager
+    PyTorch runs it, torch.export cannot trace it."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        logits = super().forward(x)
+        if logits.sum() > 0:
+            return logits
+        return 2 * logits

@@ -37,7 +37,7 @@ def snapshot(folder: Path) -> dict[str, bytes | str]:
 
 # --- export --------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("fmt", ["npz", "safetensors"])
+@pytest.mark.parametrize("fmt", ["npz", "safetensors", "pt2"])
 def test_export_never_replaces_an_existing_out_file_without_force(run, tmp_path, fmt):
     other = tmp_path / "other-run"
     other.mkdir()
