@@ -386,12 +386,15 @@ def _restore(run: Run, resume: resumemod.Resume) -> None:
 
 
 def headline(run: Run) -> list[str]:
-    """What the run is about to do (the console's first lines)."""
+    """What the run is about to do (the console's first lines, each within 80 columns)."""
     cfg, info = run.cfg, run.info
+    threads = torch.get_num_threads()
     lines = [f"training {cfg.model} on {run.rec.name} {cfg.train_on} ({run.rec.size(cfg.train_on):,} images, "
-             f"{run.rec.num_classes} classes) | {run.device} {run.precision}"
-             f"{' channels_last' if cfg.channels_last else ''} threads={torch.get_num_threads()} | "
-             f"batch {cfg.batch_size * info.world_size} x {run.total} steps | {run.dir.path}"]
+             f"{run.rec.num_classes} classes)",
+             f"{run.device} {run.precision}{' channels_last' if cfg.channels_last else ''}, "
+             f"{threads} thread{'s' if threads > 1 else ''}, batch {cfg.batch_size * info.world_size} x "
+             f"{run.total:,} steps ({run.total / max(run.steps_per_epoch, 1):.2f} epochs)",
+             f"run directory {display(run.dir.path)}"]
     if info.enabled:
         lines.append(f"data parallel: {info.world_size} processes ({info.backend}), batch "
                      f"{cfg.batch_size} per process x {info.world_size} = global batch "
@@ -434,6 +437,8 @@ class Observers:
     def close(self) -> None:
         for w in self.writers:
             w.close()
+        if self.profiler is not None:  # (stderr back to itself after a failure in the window)
+            self.profiler.close()
 
 
 def rank_zero_observers(run: Run, console: ConsoleLogger, resume_step: int | None) -> Observers:
