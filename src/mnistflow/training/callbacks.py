@@ -167,7 +167,8 @@ class CSVLogger:
                                  "line is not 'kind,step,...'): pick another path, or remove it", self.path)
 
     def on_step_end(self, step: int, logs: dict) -> None:
-        self._add("train", step, logs)
+        if "loss" in logs:  # a logged step (the others carry only step, epoch and lr)
+            self._add("train", step, logs)
 
     def on_validation_end(self, step: int, logs: dict) -> None:
         self._add(str(logs.get("split", "val")), step, logs)

@@ -27,8 +27,9 @@ def _where() -> str:
 
 class FinalizeGuard:
     """Use as a context manager around the training loop (a layer or parameter created during
-    training fails at once), and as a hook: ``on_step_end`` (logged steps) compares the model's
-    modules and parameters with the snapshot taken at setup (one replaced in between)."""
+    training fails at once), and as a hook: ``on_step_end`` (logged steps: logs with a "loss")
+    compares the model's modules and parameters with the snapshot taken at setup (one
+    replaced in between)."""
 
     def __init__(self, model: nn.Module):
         self.model = model
@@ -62,7 +63,9 @@ class FinalizeGuard:
         self._handles = []
         return False
 
-    def on_step_end(self, step: int, logs: dict | None) -> None:
+    def on_step_end(self, step: int, logs: dict) -> None:
+        if "loss" not in logs:  # logged steps only: the comparison walks every parameter
+            return
         now = self._state()
         if now != self.snapshot:
             added = sorted(set(now) - set(self.snapshot))

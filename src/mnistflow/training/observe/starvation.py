@@ -21,6 +21,8 @@ class StarvationWatch:
         self.message = ""
 
     def on_step_end(self, step: int, logs: dict) -> None:
+        if "data_wait_frac" not in logs:  # not a logged step
+            return
         self.recent.append(logs["data_wait_frac"])
         if not self.queued or self.warned or len(self.recent) < self.window:
             return
