@@ -442,8 +442,8 @@ class Observers:
 
 
 def rank_zero_observers(run: Run, console: ConsoleLogger, resume_step: int | None) -> Observers:
-    """The one place that decides what rank 0 alone does: metrics file, TensorBoard, memory
-    and input watches, profiler. Other ranks get none (and a quiet console)."""
+    """The one place that decides what rank 0 alone does: metrics file, TensorBoard, MLflow,
+    memory and input watches, profiler. Other ranks get none (and a quiet console)."""
     if not run.info.is_primary:
         return Observers()
     cfg = run.cfg
@@ -457,10 +457,15 @@ def rank_zero_observers(run: Run, console: ConsoleLogger, resume_step: int | Non
         from mnistflow.training.observe.profiler import ProfilerHook, parse_steps
 
         profiler = ProfilerHook(run.dir.profile, *parse_steps(cfg.profile_steps), run.device)
+    mlflow = None
+    if cfg.mlflow:
+        from mnistflow.training.observe.mlflow_tracker import MLflowLogger
+
+        mlflow = MLflowLogger(None if cfg.mlflow == "auto" else cfg.mlflow)
     # the memory watch first: it adds rss_mb to the logs the others print and write
     first = [MemoryWatch(run.device), StarvationWatch(queued=isinstance(run.train_loader, StreamLoader)),
              console]
-    return Observers(first, [w for w in (metrics, tb) if w is not None], profiler)
+    return Observers(first, [w for w in (metrics, tb, mlflow) if w is not None], profiler)
 
 
 def warm_up(run: Run) -> None:
@@ -538,6 +543,10 @@ def check_run_inputs(cfg: TrainConfig, *, check_model: bool = True) -> None:
         from mnistflow.training.observe.profiler import parse_steps
 
         parse_steps(cfg.profile_steps)
+    if cfg.mlflow:
+        from mnistflow.training.observe.mlflow_tracker import check_available
+
+        check_available()  # not installed: one line now, not after the setup
     check_environment()
     check_kernels_environment()
 
