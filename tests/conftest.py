@@ -1,5 +1,6 @@
-"""Shared fixtures. Tests use the REAL MNIST from ``$MNISTFLOW_DATA`` (CI points it at
-``../shared/data/mnist``); tiny synthetic data is made per test where a format needs it."""
+"""Shared fixtures. The integration tests use the REAL MNIST, found as ``helpers/realdata.py``
+says (``$MNISTFLOW_DATA``, else ``../shared/data/mnist`` as in CI, else mnistflow's cache, else
+a download); tiny synthetic data is made per test where a format needs it."""
 from __future__ import annotations
 
 import contextlib
@@ -8,23 +9,26 @@ from pathlib import Path
 
 import pytest
 
-from helpers.cli import MNIST_DIR
+from helpers.realdata import MNIST_DIR, real_data
 
 
 @pytest.fixture(scope="session", autouse=True)
 def _isolated_home(tmp_path_factory):
-    """Keep every test's cache out of the user's ~/.cache and single-threaded (2-core CI)."""
+    """Keep every test's cache out of the user's ~/.cache and single-threaded (2-core CI);
+    ``$MNISTFLOW_DATA`` names the real MNIST's folder for every command the tests run, as in CI."""
     home = tmp_path_factory.mktemp("mnistflow_home")
     os.environ["MNISTFLOW_HOME"] = str(home)
     os.environ.setdefault("MNISTFLOW_THREADS", "1")
+    os.environ.setdefault("MNISTFLOW_DATA", str(MNIST_DIR))
     yield home
 
 
 @pytest.fixture(scope="session")
 def mnist_dir() -> Path:
-    if not (MNIST_DIR / "train-images-idx3-ubyte.gz").is_file():
-        pytest.fail(f"real MNIST not found at {MNIST_DIR}: set MNISTFLOW_DATA (see README)")
-    return MNIST_DIR
+    """The real MNIST's folder (its four .gz files), downloaded once if it is nowhere."""
+    from mnistflow.data.known import KNOWN
+
+    return real_data(KNOWN["mnist"])
 
 
 @pytest.fixture(scope="session")

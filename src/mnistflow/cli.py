@@ -300,11 +300,12 @@ def _run_eval(a) -> int:
 def _add_predict(sub) -> None:
     p = sub.add_parser("predict", help="label and class probabilities for images")
     p.add_argument("model", type=Path, help="a run directory or a model file")
-    p.add_argument("images", nargs="+", type=Path, help="PNG/JPEG files or IDX image files")
-    p.add_argument("--invert", default="no", choices=["no", "yes", "auto"],
-                   help="invert dark-on-light pictures to MNIST's white-on-black (auto: decide per image)")
-    p.add_argument("--mnist-style", action="store_true",
-                   help="crop to the digit, scale to 20x20, centre by mass in 28x28 (as MNIST was made)")
+    p.add_argument("images", nargs="+", type=Path,
+                   help="picture files (PNG, JPEG, ...), folders of pictures, or IDX image files")
+    p.add_argument("--as-is", action="store_true",
+                   help="feed pictures as they are, only resized to the model's size (by default "
+                        "each is made as the dataset's images were: polarity, the ink's box scaled "
+                        "and centred)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--model", dest="model_name", help="the model name for an npz of parameters")
     p.add_argument("--json", action="store_true")
@@ -319,9 +320,8 @@ def _run_predict(a) -> int:
 
     from mnistflow.inference import format_predictions, predict
 
-    invert = {"no": False, "yes": True, "auto": None}[a.invert]
-    preds = predict(a.model, a.images, invert=invert, mnist_style=a.mnist_style, device=a.device,
-                    model_name=a.model_name, max_pixels=a.max_pixels)
+    preds = predict(a.model, a.images, as_is=a.as_is, device=a.device, model_name=a.model_name,
+                    max_pixels=a.max_pixels)
     print(json.dumps(preds) if a.json else format_predictions(preds))
     return 0
 

@@ -149,34 +149,53 @@ def format_eval(res: dict) -> str:
     return "\n".join(lines)
 
 
-def _read_images(paths: list[Path], in_shape: tuple[int, int, int], *, invert: bool | None,
-                 mnist_style: bool, max_pixels: int | None) -> list[tuple[str, np.ndarray]]:
-    """(name, model input) for PNG/JPEG files, or every image of an IDX file. Each picture's
-    size is checked from its header before decoding (``data.picture.read_picture``: at most
-    ``max_pixels``, default ``core.limits.MAX_PIXELS``; only regular files) and it is brought
-    to the model's size at once, so only one full-size picture is in memory at a time. An IDX
-    file is read as ``prep`` reads one (``idx.read_idx_images``: at least one image, pixels
-    integers 0..255 whatever the IDX type)."""
-    from mnistflow.data.formats.idx import read_idx_images
-    from mnistflow.data.picture import read_picture, to_model_input
+def _read_images(paths: list[Path], info: ModelInfo, *, as_is: bool,
+                 max_pixels: int | None) -> list[tuple[str, np.ndarray, str]]:
+    """(name, model input, preparation) for picture files, or every image of an IDX file.
 
+    A picture is made as the model's dataset images were (``data.picture.prepare``, what the
+    served page does), or with ``as_is`` fed as it is (``data.picture.as_is``: only resized to
+    the model's size). Each picture's size is checked from its header before decoding
+    (``read_picture``: at most ``max_pixels``, default ``core.limits.MAX_PIXELS``; only regular
+    files) and it is brought to the model's size at once, so only one full-size picture is in
+    memory at a time. An IDX file holds the dataset's own images: they are used as they are,
+    read as ``prep`` reads them (``idx.read_idx_images``: upright for EMNIST's files, at least
+    one image, pixels integers 0..255 whatever the IDX type)."""
+    from mnistflow.data import picture
+    from mnistflow.data.formats.idx import read_idx_images
+
+    shape = tuple(info.in_shape)
+    target = picture.Target.of(shape, info.mean, info.dataset)
     out = []
     for p in paths:
-        p = Path(p)
         if "idx3-ubyte" in p.name or p.suffix in (".idx", ".idx3"):
             arr = read_idx_images(p, ranks=(3,))  # uint8, at least one image of 1+ pixels
-            out += [(f"{p.name}[{i}]", to_model_input(a, in_shape, invert=invert, mnist=mnist_style))
-                    for i, a in enumerate(arr)]
+            out += [(f"{p.name}[{i}]", picture.as_is(a, shape), "none") for i, a in enumerate(arr)]
             continue
         if not p.exists():
             raise MnistflowError("no such file", p)
-        out.append((str(p), to_model_input(read_picture(p, max_pixels), in_shape, invert=invert,
-                                           mnist=mnist_style)))
+        img = picture.read_picture(p, max_pixels)
+        out.append((str(p), picture.as_is(img, shape), "none") if as_is
+                   else (str(p), *picture.prepare(img, target)))
     return out
 
 
-IMAGES_ACCEPTED = ("a path (PNG/JPEG/IDX file), a list of paths, or a uint8 array (N, H, W, C) of "
-                   "images already at the model's size")
+def _pictures_in(folder: Path) -> list[Path]:
+    """The pictures in ``folder`` (not its sub-folders), sorted by name; none is an error."""
+    from mnistflow.data.formats.image import PICTURE_SUFFIXES
+
+    try:
+        found = sorted(p for p in folder.iterdir() if p.suffix.lower() in PICTURE_SUFFIXES
+                       and not p.name.startswith(".") and p.is_file())
+    except OSError as e:
+        raise MnistflowError(f"cannot list the folder ({e.strerror or e})", folder) from None
+    if not found:
+        raise MnistflowError(f"a folder with no pictures ({', '.join(PICTURE_SUFFIXES)}) in it", folder)
+    return found
+
+
+IMAGES_ACCEPTED = ("a path (a PNG/JPEG/IDX file or a folder of pictures), a list of paths, or a "
+                   "uint8 array (N, H, W, C) of images already at the model's size")
 
 
 def _is_array(x: object) -> bool:
@@ -185,22 +204,23 @@ def _is_array(x: object) -> bool:
 
 def _image_arg(images: object) -> list[Path] | np.ndarray:
     """``predict``'s ``images`` as a list of paths (one path is one input, never its
-    characters) or a numpy array (a torch tensor is brought to the CPU); anything else is a
-    ``MnistflowError`` saying what is accepted."""
-    if isinstance(images, (str, os.PathLike)):
-        return [Path(images)]
+    characters; a folder is the pictures in it) or a numpy array (a torch tensor is brought
+    to the CPU); anything else is a ``MnistflowError`` saying what is accepted."""
     if isinstance(images, torch.Tensor):
         return images.detach().cpu().numpy()
     if isinstance(images, np.ndarray):
         return images
-    if isinstance(images, (bytes, bytearray, dict)) or not isinstance(images, Iterable):
+    if isinstance(images, (str, os.PathLike)):
+        images = [images]
+    elif isinstance(images, (bytes, bytearray, dict)) or not isinstance(images, Iterable):
         raise MnistflowError(f"images must be {IMAGES_ACCEPTED}; got {type(images).__name__}")
-    out = []
+    out: list[Path] = []
     for x in images:
         if not isinstance(x, (str, os.PathLike)):
             raise MnistflowError(f"images must be {IMAGES_ACCEPTED}; got a list with an item of "
                                  f"type {type(x).__name__}")
-        out.append(Path(x))
+        p = Path(x)
+        out += _pictures_in(p) if p.is_dir() else [p]
     return out
 
 
@@ -216,15 +236,19 @@ def _check_array(a: np.ndarray, in_shape: tuple[int, int, int]) -> np.ndarray:
 
 
 def predict(model_path: str | Path, images: str | Path | list[str | Path] | np.ndarray, *,
-            invert: bool | None = False, mnist_style: bool = False, device: str = "cpu",
-            model_name: str | None = None, data: str | Path | None = None,
-            max_pixels: int | None = None) -> list[dict]:
+            as_is: bool = False, device: str = "cpu", model_name: str | None = None,
+            data: str | Path | None = None, max_pixels: int | None = None) -> list[dict]:
     """Label and class probabilities for each image: ``images`` is one path or a list of paths
-    (PNG/JPEG files, or IDX files of many images), or a uint8 array (N, H, W, C) of images
-    already at the model's size (numpy, or a torch tensor), named ``array[i]`` in the result.
+    (picture files, folders of them, IDX files of many images), or a uint8 array (N, H, W, C)
+    of images already at the model's size (numpy, or a torch tensor), named ``array[i]``.
 
-    ``max_pixels``: the largest picture decoded (default ``core.limits.MAX_PIXELS``, the
-    CLI's ``--max-pixels``); a larger one is refused from its header, before decoding."""
+    A picture file is made as the model's dataset images were made (``data.picture``: the
+    polarity, the ink's box scaled and centred), as the served page does; ``as_is`` feeds it
+    as it is (only resized to the model's size). IDX files and arrays hold the dataset's own
+    images: they are used as they are. Each result says which way in ``preprocess`` (``none``
+    for as it is). ``max_pixels``: the largest picture decoded (default
+    ``core.limits.MAX_PIXELS``, the CLI's ``--max-pixels``); a larger one is refused from its
+    header, before decoding."""
     given = _image_arg(images)  # checked before the model is loaded
     if not _is_array(given) and not given:
         raise MnistflowError("no images given")
@@ -233,13 +257,10 @@ def predict(model_path: str | Path, images: str | Path | list[str | Path] | np.n
     if _is_array(given):
         batch = _check_array(given, tuple(info.in_shape))
         probs = as_predictor(model, info).predict(batch)
-        return [prediction(info, p, image=f"array[{i}]") for i, p in enumerate(probs)]
-    items = _read_images(given, tuple(info.in_shape), invert=invert,
-                         mnist_style=mnist_style, max_pixels=max_pixels)
-    if not items:
-        raise MnistflowError("no images given")
-    probs = as_predictor(model, info).predict(np.stack([x for _, x in items]))
-    return [prediction(info, p, image=name) for (name, _), p in zip(items, probs)]
+        return [prediction(info, p, image=f"array[{i}]", preprocess="none") for i, p in enumerate(probs)]
+    items = _read_images(given, info, as_is=bool(as_is), max_pixels=max_pixels)
+    probs = as_predictor(model, info).predict(np.stack([x for _, x, _ in items]))
+    return [prediction(info, p, image=name, preprocess=how) for (name, _, how), p in zip(items, probs)]
 
 
 def prediction(info: ModelInfo, probs: np.ndarray, **extra) -> dict:

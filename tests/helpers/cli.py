@@ -7,7 +7,6 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-MNIST_DIR = Path(os.environ.get("MNISTFLOW_DATA") or REPO.parent / "shared" / "data" / "mnist")
 
 
 def run_cli(*args: str, env: dict | None = None, cwd: Path | None = None, timeout: float = 600):

@@ -1,7 +1,15 @@
-"""Fixtures the integration tests share: models trained once on the real MNIST."""
+"""Fixtures the integration tests share: the real MNIST, and models trained once on it."""
 from __future__ import annotations
 
 import pytest
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _real_mnist(mnist_dir):
+    """The real MNIST is in place before any integration test runs: a command that reads
+    ``$MNISTFLOW_DATA`` without asking for ``mnist_dir`` finds it too (in a plain clone it is
+    downloaded here, once)."""
+    return mnist_dir
 
 
 @pytest.fixture(scope="session")

@@ -85,8 +85,7 @@ def test_predict_on_an_idx_file_and_a_png(mnist_records, mnist_dir, tmp_path):
     imgs = read_idx(mnist_dir / "t10k-images-idx3-ubyte.gz")
     labels = read_idx(mnist_dir / "t10k-labels-idx1-ubyte.gz")
     Image.fromarray(255 - imgs[0]).save(tmp_path / "ink_on_paper.png")  # dark on light, like a photo
-    proc = run_cli("predict", str(tmp_path / "run"), str(tmp_path / "ink_on_paper.png"), "--invert", "auto",
-                   "--json")
+    proc = run_cli("predict", str(tmp_path / "run"), str(tmp_path / "ink_on_paper.png"), "--json")
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)[0]["label"] == labels[0]
     idx = tmp_path / "t10k-images-idx3-ubyte"

@@ -1,6 +1,8 @@
 """The docs cannot rot: the tutorial's and the README's blocks marked ``runnable`` run, in order,
-in one directory; every ``mnistflow`` command in any bash block of the README and docs/ names an
-existing verb and its existing flags; every ``mnistflow.NAME`` they mention exists.
+in one directory; every ``mnistflow`` command in any bash block of any Markdown page names an
+existing verb and its existing flags; every ``mnistflow.NAME`` they mention exists; every link
+and picture leads to a file and heading that exist; every page in docs/ is linked from the
+README, which stays short.
 
 A fenced block whose info string is ``bash runnable`` runs in bash (``set -eo pipefail``); one
 marked ``python runnable`` runs in this interpreter. Training that would take minutes is
@@ -23,6 +25,11 @@ from helpers.cli import REPO
 TUTORIAL = REPO / "docs" / "tutorial.md"
 README = REPO / "README.md"
 DOCS = [README, *sorted((REPO / "docs").glob("*.md"))]
+# Every Markdown page of the repository: the docs, BENCHMARKS.md, the READMEs beside the code.
+PAGES = [*DOCS, *sorted(p for d in ("src", "examples", "benchmarks") for p in (REPO / d).rglob("*.md")),
+         *sorted(p for p in REPO.glob("*.md") if p != README)]
+README_MAX_BYTES = 15_000
+PICTURE_MAX_BYTES = 100_000
 FENCE = re.compile(r"^```(\w*)([^\n]*)\n(.*?)^```[ \t]*$", re.S | re.M)
 # What the runnable blocks may be shrunk by (the tutorial reads ${EPOCHS:-4} as 4).
 SMALL = {"EPOCHS": "0.05"}
@@ -38,7 +45,7 @@ def runnable(text: str) -> list[tuple[str, str, int]]:
     return [(lang, code, line) for lang, run, code, line in blocks(text) if run]
 
 
-@pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.name)
+@pytest.mark.parametrize("doc", PAGES, ids=lambda p: p.relative_to(REPO).as_posix())
 def test_markers_are_understood(doc):
     text = doc.read_text()
     found = blocks(text)
@@ -72,7 +79,7 @@ def _commands(code: str) -> list[list[str]]:
     return out
 
 
-@pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.name)
+@pytest.mark.parametrize("doc", PAGES, ids=lambda p: p.relative_to(REPO).as_posix())
 def test_every_command_in_the_docs_names_a_verb_and_flags_it_has(doc):
     """Cheap and for every bash block, runnable or not: a renamed verb or flag fails here."""
     from mnistflow.cli import build_parser
@@ -88,10 +95,10 @@ def test_every_command_in_the_docs_names_a_verb_and_flags_it_has(doc):
             flags = {w.split("=", 1)[0] for w in words[1:] if w.startswith("--")}
             unknown = flags - set(sub[words[0]]._option_string_actions)
             assert not unknown, f"{doc.name} line {line}: mnistflow {words[0]} has no {sorted(unknown)}"
-    assert seen or doc.name in ("data.md", "performance.md", "development.md"), "no commands found"
+    assert seen or doc not in DOCS or doc.name in ("data.md", "performance.md", "development.md"), "no commands found"
 
 
-@pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.name)
+@pytest.mark.parametrize("doc", PAGES, ids=lambda p: p.relative_to(REPO).as_posix())
 def test_every_api_name_in_the_docs_exists(doc):
     import mnistflow
 
@@ -107,7 +114,7 @@ def _anchor(heading: str) -> str:
     return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
 
 
-@pytest.mark.parametrize("doc", [*DOCS, REPO / "BENCHMARKS.md"], ids=lambda p: p.name)
+@pytest.mark.parametrize("doc", PAGES, ids=lambda p: p.relative_to(REPO).as_posix())
 def test_every_link_in_the_docs_leads_to_a_file_and_heading_that_exist(doc):
     for target in re.findall(r"\]\(([^)\s]+)\)", doc.read_text()):
         if re.match(r"[a-z]+://", target):
@@ -118,6 +125,35 @@ def test_every_link_in_the_docs_leads_to_a_file_and_heading_that_exist(doc):
         if anchor:
             headings = re.findall(r"^#+ (.+)$", dest.read_text(), re.M)
             assert anchor in {_anchor(h) for h in headings}, f"{doc.name}: no heading for {target}"
+
+
+def _links(doc: Path) -> set[Path]:
+    """The local files ``doc`` links to or shows (``[text](path)``, ``![alt](path)``)."""
+    return {(doc.parent / target.partition("#")[0]).resolve()
+            for target in re.findall(r"\]\(([^)\s#]+)(?:#[^)\s]*)?\)", doc.read_text())
+            if not re.match(r"[a-z]+://", target)}
+
+
+def test_the_readme_is_short_and_links_every_page_of_the_docs():
+    """The README is the first screen, not the manual: at most 15,000 bytes; everything else
+    is in docs/, and every page there is one link away."""
+    size = len(README.read_bytes())
+    assert size <= README_MAX_BYTES, f"README.md is {size:,} bytes: move the detail into docs/"
+    orphans = sorted(p.name for p in DOCS[1:] if p.resolve() not in _links(README))
+    assert not orphans, f"docs/ pages the README does not link: {orphans}"
+
+
+@pytest.mark.parametrize("doc", PAGES, ids=lambda p: p.relative_to(REPO).as_posix())
+def test_every_picture_in_the_docs_is_a_small_png_with_words_for_it(doc):
+    pictures = re.findall(r"!\[([^\]]*)\]\(([^)\s]+)\)", doc.read_text())
+    for alt, target in pictures:
+        path = (doc.parent / target).resolve()
+        data = path.read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n", f"{doc.name}: {target} is not a PNG"
+        assert len(data) <= PICTURE_MAX_BYTES, f"{doc.name}: {target} is {len(data):,} bytes"
+        assert len(alt.split()) >= 3, f"{doc.name}: {target} needs alt text that says what it shows"
+    if doc == README:
+        assert len(pictures) == 1, "the README shows one picture"
 
 
 def _run_blocks(doc: Path, mnist_dir: Path, tmp_path: Path) -> list[tuple[float, int]]:

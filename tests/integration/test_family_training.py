@@ -9,22 +9,22 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers.cli import REPO, run_cli
+from helpers.cli import run_cli
+from helpers.realdata import real_data
 
 from mnistflow.training.config import load_toml
 from mnistflow.training.api import train
 
-FASHION_DIR = REPO.parent / "shared" / "data" / "fashion-mnist"
 QUIET = dict(quiet=True, threads=1, tensorboard=False)
 
 
 @pytest.fixture(scope="module")
 def fashion_records(tmp_path_factory) -> Path:
-    if not (FASHION_DIR / "train-images-idx3-ubyte.gz").is_file():
-        pytest.fail(f"real Fashion-MNIST not found at {FASHION_DIR} (see ../shared/data/README.md)")
+    from mnistflow.data.known import KNOWN
     from mnistflow.data.prepare import prepare
 
-    return prepare("fashion-mnist", FASHION_DIR, tmp_path_factory.mktemp("rec") / "fashion", quiet=True)
+    return prepare("fashion-mnist", real_data(KNOWN["fashion-mnist"]), tmp_path_factory.mktemp("rec") / "fashion",
+                   quiet=True)
 
 
 def _family_member(out: Path, name: str, *, channels: int, size: int, classes: int) -> Path:

@@ -1,5 +1,5 @@
 """Property: whatever a client sends to ``POST /api/predict`` -- random bytes, a mutated PNG,
-JPEG, GIF or BMP, mutated JSON pixels, under any accepted or refused Content-Type, with any
+JPEG, GIF or BMP, mutated JSON pixels, a mutated multipart upload, under any accepted or refused Content-Type, with any
 ``preprocess`` -- the answer is a prediction (200) or a 4xx with a JSON error, never a 5xx or
 a dropped connection, and the request's peak memory growth stays under
 ``helpers.memory.bound`` of the body's size (issue 19, D2: a 58 KB PNG cost ~450 MB).
@@ -62,6 +62,10 @@ SEEDS = {
     "json": json.dumps({"pixels": (np.arange(28 * 28) % 256).reshape(28, 28).tolist()}).encode(),
     "json-rgb": json.dumps({"pixels": np.full((6, 6, 3), 200).tolist(), "preprocess": "resize"}).encode(),
 }
+SEEDS["multipart"] = (  # an upload (boundary x, as CONTENT_TYPES' multipart type names it)
+    b'--x\r\nContent-Disposition: form-data; name="preprocess"\r\n\r\nauto\r\n'
+    b'--x\r\nContent-Disposition: form-data; name="file"; filename="d.png"\r\nContent-Type: image/png\r\n\r\n'
+    + SEEDS["png"] + b"\r\n--x--\r\n")
 CONTENT_TYPES = ["image/png", "image/jpeg", "image/gif", "application/json", "application/octet-stream",
                  "application/vnd.x+json", "text/plain", "", "multipart/form-data; boundary=x",
                  "image/png; charset=utf-8", "application/json; charset=latin-1"]

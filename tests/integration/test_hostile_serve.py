@@ -105,9 +105,63 @@ def test_d2_cross_origin_text_plain_is_refused_before_any_work():
                         {"Content-Type": "image/png", "Origin": f"http://127.0.0.1:{port + 1}"},
                         {"Content-Type": "image/png", "Sec-Fetch-Site": "cross-site"}):
             assert post(port, body, headers)[0] == 403, headers
-        for ct in ("text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x", ""):
+        for ct in ("text/plain", "application/x-www-form-urlencoded", ""):
             status, err = post(port, body, {"Content-Type": ct} if ct else {})
             assert status == 415 and "Content-Type" in err["error"], (ct, err)
+        assert healthy(port)
+
+
+def multipart(picture: bytes, boundary: str = "b0undary") -> tuple[bytes, dict]:
+    """A multipart/form-data upload of one file, as a browser form or ``curl -F`` sends it."""
+    body = (f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="d.png"\r\n'
+            f"Content-Type: image/png\r\n\r\n").encode() + picture + f"\r\n--{boundary}--\r\n".encode()
+    return body, {"Content-Type": f"multipart/form-data; boundary={boundary}"}
+
+
+def test_d2_a_multipart_upload_is_taken_from_scripts_and_refused_from_other_sites():
+    """A form on another site can post multipart/form-data to 127.0.0.1 without a preflight;
+    the browser names the site in ``Origin`` / ``Sec-Fetch-Site``, and that is refused before
+    the body is read. curl and requests send neither: accepted, as is the page's own origin."""
+    digit = np.full((280, 280), 255, np.uint8)
+    digit[60:220, 120:160] = 0
+    body, headers = multipart(png(digit))
+    with serving() as port:
+        for foreign in ({"Origin": "http://evil.example"}, {"Origin": "null"},
+                        {"Sec-Fetch-Site": "cross-site"}, {"Sec-Fetch-Site": "same-site"},
+                        {"Origin": f"http://127.0.0.1:{port + 1}", "Sec-Fetch-Site": "same-site"}):
+            status, err = post(port, body, {**headers, **foreign})
+            assert status == 403 and "cross-origin request refused" in err["error"], (foreign, err)
+        for own in ({}, {"Origin": f"http://127.0.0.1:{port}", "Sec-Fetch-Site": "same-origin"}):
+            status, res = post(port, body, {**headers, **own})
+            assert status == 200 and res["preprocess"] == "mnist", (own, res)
+        assert healthy(port)
+
+
+def test_d2_an_oversized_multipart_upload_is_a_413_and_the_server_keeps_serving():
+    big = np.random.default_rng(0).integers(0, 256, (1100, 1100), dtype=np.uint8)  # ~1.2 MB of PNG
+    body, headers = multipart(png(big))
+    with serving(max_body=1 << 20) as port:
+        status, err = post(port, body, headers)
+        assert status == 413 and f"request body of {len(body):,} bytes: at most 1,048,576" in err["error"]
+        c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)  # no Content-Length: streamed
+        try:
+            c.putrequest("POST", "/api/predict")
+            c.putheader("Content-Type", headers["Content-Type"])
+            c.putheader("Transfer-Encoding", "chunked")
+            c.endheaders()
+            for i in range(0, len(body), 1 << 16):
+                piece = body[i:i + (1 << 16)]
+                c.send(f"{len(piece):x}\r\n".encode() + piece + b"\r\n")
+            c.send(b"0\r\n\r\n")
+            r = c.getresponse()
+            assert r.status == 413 and "over 1,048,576" in json.loads(r.read())["error"]
+        except (BrokenPipeError, ConnectionResetError):  # the server answered and closed first
+            pass
+        finally:
+            c.close()
+        small, headers = multipart(png(np.zeros((28, 28), np.uint8)))
+        status, res = post(port, small, headers)
+        assert status == 200 and res["preprocess"] == "none"
         assert healthy(port)
 
 

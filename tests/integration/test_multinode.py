@@ -106,7 +106,7 @@ def error_lines(out: str) -> list[str]:
 
 @pytest.mark.parametrize("rdzv", ["static", "c10d"])
 def test_two_machines_train_like_one_process_through_a_restart(mnist_records, tmp_path, nodes, rdzv):
-    """2 machines x batch 32 == 1 process x batch 64 (weights, loss curve, evaluations), even
+    """2 machines x 32 (--batch-size 64) == 1 process x batch 64 (weights, loss curve, evaluations), even
     when a process dies: with ``torchrun --max-restarts 1 ... train --resume --run-dir RUN`` on
     both machines the first start begins at step 0; machine 1's process is killed after the
     checkpoint at step 40; both machines restart their process and the run continues from step
@@ -116,7 +116,7 @@ def test_two_machines_train_like_one_process_through_a_restart(mnist_records, tm
     train(model="softmax", data=str(mnist_records), run_dir=str(ref), batch_size=64, max_steps=120,
           log_every=5, precision="fp32", threads=1, quiet=True, tensorboard=False, optimizer="adam")
     job = nodes(["train", "--resume", "--model", "softmax", "--data", str(mnist_records), "--run-dir", str(run),
-                 "--batch-size", "32", "--max-steps", "120", "--checkpoint-every", "20", "--no-tensorboard",
+                 "--batch-size", "64", "--max-steps", "120", "--checkpoint-every", "20", "--no-tensorboard",
                  "--json", *COMMON], rdzv=rdzv, restarts=1, env=inject.env(data_delay=0.01))
     job.wait_for_step(run, 45)
     for w in job.workers(1):
@@ -128,7 +128,7 @@ def test_two_machines_train_like_one_process_through_a_restart(mnist_records, tm
         assert primary is outs[0]
     after = primary.split("resumed from")[1]
     assert after.startswith(" ") and "step 40" in after.splitlines()[0], after[:300]
-    assert "data parallel: 2 processes (gloo), batch 32 per process x 2 = global batch 64" in primary
+    assert "data parallel: 2 processes (gloo), the batch of 64 split into 32 per process" in primary
     # the first attempt ended with one line, from the process that lost its peer; the second ran clean
     (line,) = error_lines("\n".join(outs))
     assert "a collective operation failed" in line, line

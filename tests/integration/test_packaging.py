@@ -7,6 +7,7 @@ on a copy of the source tree so that nothing (egg-info, build/) is written into 
 from __future__ import annotations
 
 import email.parser
+import json
 import os
 import re
 import shutil
@@ -139,3 +140,22 @@ def test_unit_tests_run_from_the_unpacked_sdist(built, tmp_path):
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
     m = re.search(r"(\d+) passed", r.stdout)
     assert m and int(m[1]) >= len(SDIST_UNIT_TESTS) and "failed" not in r.stdout, r.stdout[-2000:]
+
+
+def test_installing_the_wheel_keeps_the_torch_already_installed(built, tmp_path):
+    """mnistflow asks for torch 2.4 or newer with no upper bound, so that installing it never
+    replaces a user's newer torch (nor a CPU build by a CUDA one): pip, asked to install the
+    wheel into this environment, installs nothing but mnistflow."""
+    with zipfile.ZipFile(built["wheel"]) as zf:
+        (meta_name,) = [n for n in zf.namelist() if n.endswith(".dist-info/METADATA")]
+        requires = _metadata(zf.read(meta_name).decode()).get_all("Requires-Dist")
+    assert [r for r in requires if re.match(r"torch\b", r)] == ["torch>=2.4"]
+    assert not [r for r in requires if re.match(r"torchvision\b", r)]
+    report = tmp_path / "report.json"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
+    r = subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--no-index", "--report",
+                        str(report), str(built["wheel"])], check=False, env=env, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    planned = [item["metadata"]["name"] for item in json.loads(report.read_text())["install"]]
+    assert planned in ([], ["mnistflow"]), planned

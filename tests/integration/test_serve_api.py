@@ -138,6 +138,67 @@ def test_requests_are_handled_concurrently(serve_model):
     assert codes == [200] * 8 and wall < 1.5, wall
 
 
+# --- uploads from scripts (multipart/form-data), the docstring's example --------------------
+
+def test_a_multipart_upload_is_accepted_as_curl_and_requests_send_it(client, tmp_path):
+    """``curl -F file=@digit.png`` and ``requests.post(files=...)`` (httpx sends the same):
+    the file part is the picture, whatever its field name; a ``preprocess`` field is honoured."""
+    import shutil
+    import subprocess
+
+    x, y = real_digits(3, start=300)
+    d = assert_ok(client.post("/api/predict", files={"file": ("d.png", png(drawing(x[0])), "image/png")}))
+    assert d["label"] == y[0] and d["preprocess"] == "mnist"
+    d = assert_ok(client.post("/api/predict", files={"upload": png(drawing(x[1]))}))  # no part type
+    assert d["label"] == y[1]
+    d = assert_ok(client.post("/api/predict", files={"file": ("x.png", png(x[2]))}, data={"preprocess": "none"}))
+    assert d["label"] == y[2] and d["preprocess"] == "none"
+    pixels = json.dumps({"pixels": drawing(x[0], 40).tolist()}).encode()
+    assert assert_ok(client.post("/api/predict", files={"file": ("p.json", pixels, "text/plain")}))["label"] == y[0]
+    if shutil.which("curl"):
+        (tmp_path / "digit.png").write_bytes(png(drawing(x[0])))
+        url = str(client.base_url).rstrip("/") + "/api/predict"
+        out = subprocess.run(["curl", "-sS", "--noproxy", "*", "-F", f"file=@{tmp_path / 'digit.png'}", url],
+                             capture_output=True, text=True, timeout=60)
+        assert json.loads(out.stdout)["label"] == y[0], out
+
+
+FIELD_ONLY = b'--b\r\nContent-Disposition: form-data; name="preprocess"\r\n\r\nmnist\r\n--b--\r\n'
+UNFINISHED = b'--b\r\nContent-Disposition: form-data; name="file"; filename="a.png"\r\n\r\n\x89PNG'
+
+
+@pytest.mark.parametrize("files, data, fragment", [
+    ({"a": ("a.png", b"1"), "b": ("b.png", b"2")}, None, "Too many files"),
+    (FIELD_ONLY, None, "no complete file part"),
+    (UNFINISHED, None, "no complete file part"),
+    (b"no boundary here", None, "bad multipart/form-data body"),
+    ({"file": ("empty.png", b"")}, None, "the uploaded file is empty"),
+    ({"file": ("x.png", b"not a picture", "image/png")}, None, "not a decodable image"),
+    ({"file": ("x.png", png(np.zeros((28, 28), np.uint8)))}, {"preprocess": "magic"}, "preprocess must be one of"),
+    ({"file": ("x.png", b"1")}, {f"f{i}": "x" for i in range(20)}, "Too many fields"),
+])
+def test_a_bad_upload_is_a_json_4xx(client, files, data, fragment):
+    if isinstance(files, bytes):  # a body made by hand
+        ct = "multipart/form-data" + ("" if files.startswith(b"no") else "; boundary=b")
+        r = client.post("/api/predict", content=files, headers={"Content-Type": ct})
+    else:
+        r = client.post("/api/predict", files=files, data=data)
+    assert 400 <= r.status_code < 500 and fragment in r.json()["error"], (r.status_code, r.text)
+    assert r.json()["status"] == r.status_code and client.get("/healthz").status_code == 200
+
+
+def test_the_docstrings_json_example_works_as_written(client):
+    """``server/app.py``'s docstring: its JSON curl line (a 4x5 vertical bar: a one)."""
+    import mnistflow.server.app as app
+
+    doc = app.__doc__
+    line = next(ln for ln in doc.splitlines() if "-d '" in ln)
+    body = line.split("-d '", 1)[1].rsplit("'", 1)[0]
+    d = assert_ok(client.post("/api/predict", content=body.encode(), headers={"Content-Type": "application/json"}))
+    assert d["label"] == 1 and d["preprocess"] == "mnist"
+    assert "curl -s -F file=@digit.png" in doc
+
+
 # --- what is refused ----------------------------------------------------------------------
 
 def _bad_png_bomb() -> bytes:

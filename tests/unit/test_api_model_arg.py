@@ -11,7 +11,7 @@ from helpers import custom_models as cm
 from mnistflow.artifacts.model_file import load_model
 from mnistflow.core import log
 from mnistflow.core.errors import MnistflowError
-from mnistflow.training.api import build_user_model, cannot_rebuild, import_path, own_config
+from mnistflow.training.user_model import build_user_model, cannot_rebuild, import_path, own_config
 from mnistflow.training.config import TrainConfig
 
 QUICK = dict(quiet=True, threads=1, tensorboard=False, keep_checkpoints=0, batch_size=50, max_steps=3,
@@ -96,7 +96,7 @@ def test_bad_model_arguments_are_one_clear_error(model, kwargs, match, cfg):
 
 
 def test_model_kwargs_with_a_name_are_refused(synthetic_records):
-    with pytest.raises(MnistflowError, match="model_kwargs"):
+    with pytest.raises(MnistflowError, match="--model-kwargs are the arguments of a model class or factory"):
         mnistflow.train("fast", synthetic_records, model_kwargs={"width": 3}, **QUICK)
     with pytest.raises(MnistflowError, match="loss must be a function"):
         mnistflow.train("fast", synthetic_records, loss="mse", **QUICK)

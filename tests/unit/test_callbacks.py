@@ -201,8 +201,10 @@ def test_callback_hooks_scalars_and_csv_match_metrics(synthetic_records, tmp_pat
     assert {"run_dir", "config"} <= set(start)
     assert rec.calls[-1][1]["steps"] == s["steps"] == 8
     steps = [c[1] for c in rec.calls if c[0] == "on_step_end"]
-    assert steps == [2, 4, 6, 8]  # logged steps only (log_every=2)
-    assert all({"loss", "lr"} <= set(c[2]) for c in rec.calls if c[0] == "on_step_end")
+    assert steps == [1, 2, 3, 4, 5, 6, 7, 8]  # every step
+    logged = [c[1] for c in rec.calls if c[0] == "on_step_end" and "loss" in c[2]]
+    assert logged == [2, 4, 6, 8]  # the measured scalars on logged steps (log_every=2)
+    assert all({"epoch", "lr"} <= set(c[2]) for c in rec.calls if c[0] == "on_step_end")
     vals = [c for c in rec.calls if c[0] == "on_validation_end" and c[2].get("split") == "val"]
     assert [c[1] for c in vals] == [4, 8]
     assert all(c[2]["val_acc"] == c[2]["acc"] for c in vals)

@@ -277,17 +277,40 @@ def test_a_folder_of_emnist_or_qmnist_files_asks_for_the_dataset_name(tmp_path):
             detect_format(tmp_path / folder)
 
 
+def test_a_folder_or_file_of_one_datasets_own_files_names_that_dataset(tmp_path):
+    """``--data`` of EMNIST's split files (or QMNIST's), or of one of them, is that dataset in
+    that folder: every verb reads them as ``prep emnist-letters --data DIR`` does."""
+    write_emnist_loose(tmp_path / "loose")
+    write_emnist_zip(tmp_path / "zip")
+    write_qmnist(tmp_path / "q")
+    image = tmp_path / "loose" / "emnist-letters-test-images-idx3-ubyte.gz"
+    assert known.resolve_input(None, tmp_path / "loose") == ("emnist-letters", tmp_path / "loose")
+    assert known.resolve_input(None, image) == ("emnist-letters", tmp_path / "loose")
+    assert known.resolve_input(None, tmp_path / "q") == ("qmnist", tmp_path / "q")
+    assert known.resolve_input("emnist-digits", image) == ("emnist-digits", image)  # a name given wins
+    # the zip holds every split, and a folder of two splits names none: the user says which
+    write_emnist_loose(tmp_path / "two", "letters")
+    write_emnist_loose(tmp_path / "two", "digits")
+    for folder in ("zip", "two"):
+        assert known.resolve_input(None, tmp_path / folder) == (None, tmp_path / folder)
+    (tmp_path / "mnist").mkdir()  # MNIST's names are Fashion-MNIST's and KMNIST's too
+    for f in known.KNOWN["mnist"].files:
+        (tmp_path / "mnist" / f.name).write_bytes(b"")
+    assert known.owner_of(tmp_path / "mnist") is None
+
+
 # --- zip members: the IDX reader's checks hold inside a zip --------------------------------
 
-def test_a_zip_member_is_read_like_a_file_and_transposed_on_request(tmp_path):
+def test_a_zip_member_is_read_like_a_file_and_turned_upright_when_named_as_emnists(tmp_path):
     x = np.arange(2 * 28 * 28, dtype=np.uint8).reshape(2, 28, 28)
     with zipfile.ZipFile(tmp_path / "a.zip", "w", zipfile.ZIP_STORED) as z:
-        z.writestr("d/plain-idx3-ubyte", idx_bytes(x))
-        z.writestr("d/packed-idx3-ubyte.gz", gzip.compress(idx_bytes(x)))
-    for m in ("d/plain-idx3-ubyte", "d/packed-idx3-ubyte.gz"):
-        src = ZipMember(tmp_path / "a.zip", m)
-        assert (read_idx(src) == x).all()
-        t = read_idx(src, transpose=True)
+        for name in ("plain-idx3-ubyte", "emnist-digits-test-images-idx3-ubyte"):
+            z.writestr(f"d/{name}", idx_bytes(x))
+            z.writestr(f"d/{name}.gz", gzip.compress(idx_bytes(x)))
+    for m in ("d/plain-idx3-ubyte", "d/plain-idx3-ubyte.gz"):
+        assert (read_idx(ZipMember(tmp_path / "a.zip", m)) == x).all()
+    for m in ("d/emnist-digits-test-images-idx3-ubyte", "d/emnist-digits-test-images-idx3-ubyte.gz"):
+        t = read_idx(ZipMember(tmp_path / "a.zip", m))
         assert (t == x.transpose(0, 2, 1)).all() and not t.flags.writeable
 
 
@@ -320,24 +343,39 @@ def test_a_corrupt_zip_member_or_archive_is_one_error_naming_it(tmp_path):
         read_idx(ZipMember(good, "other"))
 
 
+EMNIST_NAME = "emnist-letters-train-images-idx3-ubyte"  # a name the IDX reader turns upright
+
+
+@pytest.mark.parametrize("name, turned", [
+    (EMNIST_NAME, True), (EMNIST_NAME + ".gz", True), ("emnist-byclass-test-images-idx3-ubyte.gz", True),
+    ("emnist-letters-train-labels-idx1-ubyte", False), ("train-images-idx3-ubyte", False),
+    ("my-emnist-letters-train-images-idx3-ubyte", False), ("emnist-letters-train-images-idx3-ubyte.bak", False),
+])
+def test_emnists_image_files_are_told_by_their_name(name, turned):
+    from mnistflow.data.formats.idx import stored_transposed
+
+    assert stored_transposed(Path("/some/where") / name) is turned
+    assert stored_transposed(ZipMember(Path("gzip.zip"), f"gzip/{name}")) is turned
+
+
 def test_transposing_needs_square_images(tmp_path):
-    p = tmp_path / "x-idx3-ubyte"
+    p = tmp_path / EMNIST_NAME
     p.write_bytes(idx_bytes(np.zeros((2, 28, 20), np.uint8)))
     with pytest.raises(MnistflowError, match="expected square images"):
-        read_idx(p, transpose=True)
+        read_idx(p)
 
 
 def test_transposing_an_empty_image_file_gives_an_empty_array(tmp_path):
-    p = tmp_path / "x-idx3-ubyte"
+    p = tmp_path / EMNIST_NAME
     p.write_bytes(idx_bytes(np.zeros((0, 28, 28), np.uint8)))
-    assert read_idx(p, transpose=True).shape == (0, 28, 28)
+    assert read_idx(p).shape == (0, 28, 28)
 
 
 def test_transposing_works_in_chunks_over_many_images(tmp_path):
     x = np.random.default_rng(0).integers(0, 256, (12001, 28, 28), dtype=np.uint8)  # 3 chunks
-    p = tmp_path / "x-idx3-ubyte"
+    p = tmp_path / EMNIST_NAME
     p.write_bytes(idx_bytes(x))
-    assert (read_idx(p, transpose=True) == x.transpose(0, 2, 1)).all()
+    assert (read_idx(p) == x.transpose(0, 2, 1)).all()
 
 
 # --- QMNIST: 2-D int label rows ------------------------------------------------------------

@@ -52,7 +52,7 @@ def test_the_pixel_cap_is_the_callers(model_file, tmp_path):
     Image.fromarray(img).save(path)
     with pytest.raises(MnistflowError, match="more than the limit of 5,000"):
         predict(model_file, [path], max_pixels=5000)
-    (res,) = predict(model_file, [path], max_pixels=10_000, mnist_style=True)
+    (res,) = predict(model_file, [path], max_pixels=10_000)
     assert res["image"] == str(path) and abs(sum(res["probabilities"]) - 1) < 1e-3
 
 
@@ -73,9 +73,10 @@ def _idx(path, shape, data: bytes = b"", code: int = 0x08):
     return path
 
 
-@pytest.mark.parametrize("how", [{}, {"invert": None}, {"mnist_style": True}])
+@pytest.mark.parametrize("how", [{}, {"as_is": True}])
 def test_an_idx_file_of_zero_pixel_images_is_one_error(model_file, tmp_path, how):
-    """Was 5 made-up predictions, an IndexError (``invert=None``) or a ValueError (``mnist_style``)."""
+    """Was 5 made-up predictions, an IndexError (with ``invert=None``) or a ValueError (with
+    ``mnist_style``, both gone: a picture is prepared by default, IDX images never)."""
     p = _idx(tmp_path / "zero.idx", (5, 0, 28))
     with pytest.raises(MnistflowError) as e:
         predict(model_file, [p], **how)
@@ -120,7 +121,7 @@ def _grey_png(w: int, h: int) -> bytes:
             + chunk(b"IDAT", zlib.compress(rows, 9)) + chunk(b"IEND", b""))
 
 
-@pytest.mark.parametrize("how", [{}, {"invert": None}, {"mnist_style": True}])
+@pytest.mark.parametrize("how", [{}, {"as_is": True}])
 def test_an_extreme_aspect_picture_is_shrunk_first_and_memory_stays_bounded(model_file, tmp_path, how):
     """A 15 KB PNG of 16,000,000 x 1 pixels (under the default pixel cap) was LANCZOS-resized
     to 28x28 in one go: Pillow's filter tables grow with the ratio, 1.16 GB peak RSS."""
@@ -137,7 +138,7 @@ def test_an_extreme_aspect_picture_is_shrunk_first_and_memory_stays_bounded(mode
 
 def test_predict_and_the_server_take_one_shrink_step(monkeypatch):
     """``data.picture.shrink``: box-reduced by a whole factor to 1024 a side; the server's
-    upload decoder and ``to_model_input`` (predict's files, IDX items, arrays) both call it."""
+    upload decoder and ``prepare`` / ``as_is`` (predict's files, IDX items) all call it."""
     from PIL import Image
 
     from mnistflow.data import picture
@@ -151,6 +152,8 @@ def test_predict_and_the_server_take_one_shrink_step(monkeypatch):
     real = picture.shrink
     monkeypatch.setattr(picture, "shrink", lambda im, *a: calls.append(im.size) or real(im, *a))
     assert decode_image(_grey_png(3000, 10)).shape == (4, 1000)
-    out = picture.to_model_input(np.zeros((5, 3000), np.uint8), (1, 28, 28))
-    assert out.shape == (28, 28, 1)
-    assert calls == [(3000, 10), (3000, 5)]
+    target = picture.Target.of((1, 28, 28), [33.0], "mnist")
+    out, how = picture.prepare(np.zeros((5, 3000), np.uint8), target)
+    assert out.shape == (28, 28, 1) and how == "mnist"
+    assert picture.as_is(np.zeros((3000, 7), np.uint8), (1, 28, 28)).shape == (28, 28, 1)
+    assert calls == [(3000, 10), (3000, 5), (7, 3000)]

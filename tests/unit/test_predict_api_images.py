@@ -1,6 +1,6 @@
 """``mnistflow.predict``'s arguments (the Python API): one path is one image (never its
-characters), a list of paths, or a uint8 array (N, H, W, C) at the model's size (numpy or
-torch); anything else (a number, a list of numbers, an array of another shape or dtype, a
+characters), a folder is the pictures in it, a list of paths, or a uint8 array (N, H, W, C) at
+the model's size (numpy or torch); anything else (a number, a list of numbers, an array of another shape or dtype, a
 model that is not a path) is one ``MnistflowError`` saying what is accepted."""
 from __future__ import annotations
 
@@ -41,16 +41,18 @@ def test_one_path_is_one_image(model_and_images):
 
 
 def test_an_array_at_the_models_size_is_a_batch(model_and_images):
+    """An array is used as it is: as the same pictures fed with ``as_is`` (noise pictures, whose
+    border is as often light as dark, would otherwise be prepared as drawings)."""
     model, folder, images = model_and_images
-    from_files = mnistflow.predict(model, [folder / f"d{i}.png" for i in range(3)])
+    from_files = mnistflow.predict(model, [folder / f"d{i}.png" for i in range(3)], as_is=True)
     for arr in (images, torch.from_numpy(images)):
         preds = mnistflow.predict(model, arr)
         assert [p["image"] for p in preds] == ["array[0]", "array[1]", "array[2]"]
         assert [p["probabilities"] for p in preds] == [p["probabilities"] for p in from_files]
 
 
-ACCEPTED = ("images must be a path (PNG/JPEG/IDX file), a list of paths, or a uint8 array (N, H, W, C) "
-            "of images already at the model's size; got ")
+ACCEPTED = ("images must be a path (a PNG/JPEG/IDX file or a folder of pictures), a list of paths, or a "
+            "uint8 array (N, H, W, C) of images already at the model's size; got ")
 SHAPE = "an array of images must be uint8 (N, 28, 28, 1) for this model (pictures at the model's size); got "
 
 
@@ -71,6 +73,24 @@ def test_anything_else_is_one_error_saying_what_is_accepted(model_and_images, im
     with pytest.raises(MnistflowError) as e:
         mnistflow.predict(model, images)
     assert str(e.value) == message
+
+
+def test_a_folder_is_the_pictures_in_it_sorted(model_and_images, tmp_path):
+    model, folder, _ = model_and_images
+    (folder / "notes.txt").write_text("not a picture")
+    (folder / ".hidden.png").write_bytes(b"")
+    (folder / "sub").mkdir()
+    (folder / "sub" / "d9.png").write_bytes((folder / "d0.png").read_bytes())
+    preds = mnistflow.predict(model, folder)
+    assert [p["image"] for p in preds] == [str(folder / f"d{i}.png") for i in range(3)]
+    both = mnistflow.predict(model, [folder, folder / "d1.png"])
+    assert [p["image"] for p in both] == [str(folder / f"d{i}.png") for i in (0, 1, 2, 1)]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "readme.md").write_text("no pictures here")
+    with pytest.raises(MnistflowError) as e:
+        mnistflow.predict(model, empty)
+    assert str(e.value) == f"{empty}: a folder with no pictures (.png, .jpg, .jpeg, .bmp) in it"
 
 
 @pytest.mark.parametrize("model", [123, None, 1.5, ["runs/a"]])

@@ -278,10 +278,10 @@ def test_mnistflow_data_standing_in_for_data_is_recorded(synthetic_records, tmp_
 def test_resume_keeps_the_runs_thread_count_unless_one_is_chosen(synthetic_records, tmp_path, monkeypatch,
                                                                  threads_restored):
     run = tmp_path / "r"
-    monkeypatch.setenv("MNISTFLOW_THREADS", "1")  # not a setting: the config records no thread count
+    monkeypatch.setenv("MNISTFLOW_THREADS", "1")  # the count the run got: config.toml records it
     train(data=synthetic_records, run_dir=run, max_steps=2, checkpoint_every=2,
           **{**QUICK, "threads": None})
-    assert "threads" not in RunDir(run).config.read_text()
+    assert "threads = 1" in RunDir(run).config.read_text()
     last = checkpoint.find_latest(RunDir(run).checkpoints)
     assert checkpoint.load(last)["train_state"]["threads"] == 1
     monkeypatch.delenv("MNISTFLOW_THREADS")

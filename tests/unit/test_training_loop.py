@@ -109,18 +109,23 @@ def test_call_names_the_hook_that_returns_something_else(out):
 class Recorder:
     def __init__(self):
         self.calls = []
+        self.every_step = []
+        self.epoch_logs = []
 
     def on_train_start(self, logs):
         self.calls.append(("start", logs["total_steps"], logs["steps_per_epoch"]))
 
     def on_step_end(self, step, logs):
-        self.calls.append(("step", step))
+        if "loss" in logs:  # a logged step: the measured scalars (every step has epoch and lr)
+            self.calls.append(("step", step))
+        self.every_step.append((step, sorted(logs)))
 
     def on_validation_end(self, step, logs):
         self.calls.append((logs["split"], step))
 
     def on_epoch_end(self, epoch, logs):
         self.calls.append(("epoch", epoch, logs["step"]))
+        self.epoch_logs.append(dict(logs))
         return {"epochs_done": epoch + 1}
 
     def on_train_end(self, logs):
@@ -137,6 +142,12 @@ def test_logs_evaluations_epochs_and_the_end_in_order(synthetic_records, tmp_pat
     assert rec.calls == [("start", 24, 12), ("step", 5), ("step", 10), ("step", 12), ("val", 12),
                          ("epoch", 0, 12), ("step", 15), ("step", 20), ("step", 24), ("val", 24),
                          ("epoch", 1, 24), ("test", 24), ("end", 24)]
+    # on_step_end comes every step (Keras' on_train_batch_end), the cheap logs on unlogged steps
+    assert [st for st, _ in rec.every_step] == list(range(1, 25))
+    assert rec.every_step[0][1] == ["epoch", "lr"] and "loss" in rec.every_step[4][1]
+    # on_epoch_end: the epoch's training loss and accuracy, and the validation pass at its end
+    assert [sorted(e) for e in rec.epoch_logs] == [["acc", "epoch", "loss", "step", "val_acc", "val_loss"]] * 2
+    assert all(0 <= e["acc"] <= 1 and e["loss"] > 0 for e in rec.epoch_logs)
     recs = metrics(tmp_path / "r")
     assert [(r["kind"], r["step"], r["epochs_done"]) for r in recs if r["kind"] == "epoch"] == \
         [("epoch", 12, 1), ("epoch", 24, 2)]
@@ -243,9 +254,9 @@ def test_a_ready_model_and_loss_function_are_trained(synthetic_records, tmp_path
 
     model = Flat(784)
     w0 = model.fc.weight.detach().clone()
-    cfg = configure(None, data=str(synthetic_records), run_dir=str(tmp_path / "r"), max_steps=5, **QUICK)[0]
-    s = fit(cfg, model=model, loss_fn=loss_fn,
-            model_factory={"factory": "tests.somewhere:Flat", "kwargs": {"inputs": 784}})
+    cfg = configure(None, data=str(synthetic_records), run_dir=str(tmp_path / "r"), max_steps=5,
+                    **{**QUICK, "model": "tests.somewhere:Flat", "model_kwargs": {"inputs": 784}})[0]
+    s = fit(cfg, model=model, loss_fn=loss_fn)  # the config says how to rebuild the module given
     assert s["steps"] == 5 and len(calls) == 5 and calls[0] == (50, 10)
     assert not torch.equal(model.fc.weight.detach(), w0)  # trained in place
     from mnistflow.artifacts.model_file import read_model_file

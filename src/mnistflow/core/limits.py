@@ -56,6 +56,8 @@ MAX_TOML_BYTES = 1 << 20  # a --config file (a few hundred bytes)
 MAX_BODY_BYTES = 2 << 20  # one request body
 MAX_REQUEST_PIXELS = 2048 * 2048  # decoded pixels of one posted image (after JPEG draft scaling)
 MAX_JSON_SIDE = 1024  # pixels a side of a posted JSON pixel array
+MAX_FORM_FIELDS = 16  # text fields of a multipart upload besides its one file (preprocess: one)
+MAX_FORM_FIELD_BYTES = 64 << 10  # one text field of a multipart upload
 
 # --- the command line and the environment ---------------------------------------------------
 MAX_INT = 2**63 - 1  # an integer flag or config.toml value with no smaller bound: 64 bits, as TOML's

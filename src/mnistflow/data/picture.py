@@ -1,41 +1,97 @@
-"""Turn a user's picture into what the model saw in training.
+"""Turn a user's picture into one of the images a model was trained on.
 
-``mnist_style`` follows how the MNIST digits were made: the digit's bounding box is scaled
-to fit 20x20 (aspect kept, anti-aliased), then placed in 28x28 so that its centre of mass
-is at the centre. Polarity: MNIST digits are white on black; ``invert_for`` matches a
-picture to the polarity of any training set (dark or light background).
+:func:`prepare` is the one preparation that ``predict`` gives a picture file and ``serve`` an
+upload, by default, for the model's dataset (:class:`Target`):
+
+* polarity (grey models): the picture is inverted when its background, read from its border,
+  differs from the training data's (MNIST is white on black: ink on paper is inverted);
+* geometry (``FITS``): the ink's bounding box is scaled and placed as the dataset's images
+  were made; the known-dataset table names each dataset's way (``KnownDataset.picture``):
+
+  - ``mnist`` (MNIST, QMNIST, KMNIST, and a grey dataset mnistflow does not know): the box
+    scaled to 20x20 (aspect kept), placed so that its centre of mass is at the centre of
+    28x28, as LeCun describes MNIST (its test digits: long side 20, mass centred to 0.3 px);
+  - ``emnist``: the box centred in the square with a 2-pixel border, as the EMNIST paper
+    (Cohen et al., 2017) describes its conversion;
+  - ``fashion`` (Fashion-MNIST): the box's long side scaled to the full side and the box
+    centred, as Xiao et al. (2017) describe it (its test images: long side 28 in 99%);
+  - ``resize`` (CIFAR-10, any colour model): the whole picture resized. A photo has no ink to
+    crop, and colours are never inverted.
+
+* a picture that already is one of the dataset's images (the model's size and channels and,
+  for grey models, the data's polarity: a test image saved as a PNG) is used as it is.
+
+:func:`as_is` is the other way (``predict --as-is``, IDX files, arrays): the picture unchanged,
+only resized when its size is not the model's.
 
 Reading pictures: ``open_picture`` / ``read_picture`` check the image's size from its header
-before decoding anything: at most ``core.limits.MAX_PIXELS`` pixels (16.7 Mpx, a 4096x4096 picture or a
-16 Mpx photo) unless the caller passes ``max_pixels`` (the CLI's ``--max-pixels``); a FIFO or
-other non-regular file is refused, never opened for reading.
-
-A picture larger than ``WORK_SIDE`` pixels a side is first box-reduced to it (:func:`shrink`,
-the first step of ``to_model_input``, which the server takes as it decodes an upload): a LANCZOS
-resize straight from a huge or extremely narrow picture to 28x28 builds filter tables that grow
-with the reduction ratio (gigabytes for a picture of 16,000,000x1 pixels).
+before decoding anything: at most ``core.limits.MAX_PIXELS`` pixels unless the caller passes
+``max_pixels`` (the CLI's ``--max-pixels``); a FIFO or other non-regular file is refused. A
+picture larger than ``WORK_SIDE`` pixels a side is first box-reduced to it (:func:`shrink`): a
+LANCZOS resize straight from a huge or extremely narrow picture to 28x28 builds filter tables
+that grow with the reduction ratio (gigabytes for a picture of 16,000,000x1 pixels).
 """
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
+from typing import Sequence
 
 import numpy as np
 
-from mnistflow.core.errors import fail
-from mnistflow.data.formats.image import WORK_SIDE, open_picture, shrink
+from mnistflow.core.errors import MnistflowError, fail
+from mnistflow.data.formats.image import WORK_SIDE, open_picture, shrink, working_mode
 
-__all__ = ["WORK_SIDE", "open_picture", "read_picture", "shrink", "to_model_input",
-           "mnist_style", "flatten_alpha", "invert_for", "needs_invert"]
+__all__ = ["WORK_SIDE", "FITS", "STYLES", "Fit", "Target", "open_picture", "read_picture", "shrink",
+           "prepare", "as_is", "flatten_alpha", "invert_for", "needs_invert"]
+
+
+@dataclass(frozen=True)
+class Fit:
+    """Where the ink's bounding box goes: its long side scaled to ``box`` of the image's side,
+    then placed by its centre of mass (``by_mass``) or by its own centre."""
+
+    box: float
+    by_mass: bool
+
+
+FITS = {"mnist": Fit(20 / 28, True), "emnist": Fit(24 / 28, False), "fashion": Fit(1.0, False)}
+STYLES = (*FITS, "resize")  # the ways a picture becomes a dataset's image (``KnownDataset.picture``)
+
+
+@dataclass(frozen=True)
+class Target:
+    """The images a model was trained on, as a picture must be made to match them: the model's
+    input ``shape`` (C, H, W), the dataset's ``style`` (one of ``STYLES``) and its polarity."""
+
+    shape: tuple[int, int, int]
+    style: str
+    dark_background: bool
+
+    @classmethod
+    def of(cls, in_shape: Sequence[int], mean: Sequence[float], dataset: str | None) -> Target:
+        """The target of a model: its input shape, its data's mean (a dark background: MNIST's
+        mean is 33 of 255) and its dataset's name (its style from the known-dataset table; a
+        dataset mnistflow does not know: ``mnist`` for a grey model, ``resize`` for colour)."""
+        from mnistflow.data import known
+
+        c, h, w = (int(v) for v in in_shape)
+        try:
+            ds = known.lookup(dataset) if isinstance(dataset, str) else None
+        except MnistflowError:  # "emnist" alone names no split: a user's own folder name
+            ds = None
+        style = ds.picture if ds is not None else ("mnist" if c == 1 else "resize")
+        return cls((c, h, w), style, sum(mean) / max(len(mean), 1) < 127)
 
 
 def read_picture(path: str | os.PathLike, max_pixels: int | None = None) -> np.ndarray:
-    """A picture file as uint8 (H, W) grey or (H, W, 3) colour, its size checked before
+    """A picture file as uint8 (H, W) grey, (H, W, 3) colour or (H, W, 4) with transparency
+    (``image.working_mode``, as the server decodes an upload), its size checked before
     decoding (see ``open_picture``); every failure is a ``MnistflowError`` naming the file."""
     with open_picture(path, path, max_pixels) as im:
         try:
             im.load()
-            grey = im.mode in ("L", "1", "P", "I;16", "LA")
-            return np.asarray(im.convert("L") if grey else im.convert("RGB"))
+            return np.asarray(working_mode(im))
         except Exception as e:  # truncated or corrupt image data
             fail(path, f"not a readable image ({type(e).__name__}: {e})")
 
@@ -70,8 +126,9 @@ def flatten_alpha(a: np.ndarray) -> np.ndarray:
     return out[..., 0] if out.shape[-1] == 1 else out
 
 
-def mnist_style(gray: np.ndarray, size: int = 28, box: int = 20) -> np.ndarray:
-    """(H, W) grey image, white digit on black, any size -> (size, size) uint8, MNIST-like."""
+def fit_ink(gray: np.ndarray, size: int, fit: Fit) -> np.ndarray:
+    """(H, W) grey image, light ink on black, any size -> (size, size) uint8 with the ink's
+    bounding box scaled and placed by ``fit``."""
     from PIL import Image
 
     g = np.asarray(gray, dtype=np.float32)
@@ -82,36 +139,30 @@ def mnist_style(gray: np.ndarray, size: int = 28, box: int = 20) -> np.ndarray:
         return np.zeros((size, size), np.uint8)
     crop = g[rows[0]:rows[-1] + 1, cols[0]:cols[-1] + 1]
     h, w = crop.shape
+    box = max(1, round(fit.box * size))
     scale = box / max(h, w)
-    nh, nw = max(1, round(h * scale)), max(1, round(w * scale))
+    nh, nw = min(size, max(1, round(h * scale))), min(size, max(1, round(w * scale)))
     img = Image.fromarray(np.clip(crop, 0, 255).astype(np.uint8)).resize((nw, nh), Image.LANCZOS)
     small = np.asarray(img, dtype=np.float32)
-    out = np.zeros((size, size), np.float32)
     total = small.sum()
-    cy, cx = ((np.indices(small.shape) * small).reshape(2, -1).sum(1) / total) if total else (nh / 2, nw / 2)
-    top = int(round(size / 2 - cy))
-    left = int(round(size / 2 - cx))
-    top = min(max(top, 0), size - nh)
-    left = min(max(left, 0), size - nw)
+    if fit.by_mass and total:
+        cy, cx = (np.indices(small.shape) * small).reshape(2, -1).sum(1) / total
+        top, left = int(round(size / 2 - cy)), int(round(size / 2 - cx))
+    else:
+        top, left = (size - nh) // 2, (size - nw) // 2
+    top, left = min(max(top, 0), size - nh), min(max(left, 0), size - nw)
+    out = np.zeros((size, size), np.float32)
     out[top:top + nh, left:left + nw] = small
     return np.clip(out, 0, 255).astype(np.uint8)
 
 
-def to_model_input(img: np.ndarray, in_shape: tuple[int, int, int], *, invert: bool | None = None,
-                   mnist: bool = False, dark_background: bool = True) -> np.ndarray:
-    """Any (H, W) or (H, W, C) uint8 image -> (H', W', C') uint8 for a model of ``in_shape``.
-
-    ``invert``: True/False, or None to decide from the picture (only for grey models): the
-    picture is inverted when its background differs from the training data's
-    (``dark_background``: True for MNIST's white on black).
-    ``mnist``: bounding-box + centre-of-mass placement (grey 28x28 models).
-    An alpha channel is flattened onto a background that contrasts with the ink. An image
-    over ``WORK_SIDE`` pixels a side (a picture file, an IDX item, a caller's array) is
-    ``shrink``-ed first: memory stays bounded whatever its size or aspect ratio.
-    """
+def _decoded(img: np.ndarray) -> np.ndarray:
+    """Any (H, W) or (H, W, C) uint8 image as (H, W) grey or (H, W, 3) colour: a single
+    channel dropped, an alpha channel flattened onto a background that contrasts with the
+    ink, and an image over ``WORK_SIDE`` pixels a side (a picture file, an IDX item, a
+    caller's array) ``shrink``-ed first: memory stays bounded whatever its size or shape."""
     from PIL import Image
 
-    c, h, w = in_shape
     a = np.asarray(img)
     if a.ndim == 3 and a.shape[2] == 1:
         a = a[..., 0]
@@ -120,20 +171,59 @@ def to_model_input(img: np.ndarray, in_shape: tuple[int, int, int], *, invert: b
         a = np.asarray(shrink(Image.fromarray(np.ascontiguousarray(a))))
     if a.ndim == 3 and a.shape[2] in (2, 4):
         a = flatten_alpha(a)
-    if c == 1:  # float32 (never float64) and inverted in place: a few bytes per pixel
-        g = a.astype(np.float32) if a.ndim == 2 else a.mean(-1, dtype=np.float32)
-        if invert is None:
-            invert = invert_for(g, dark_background)
-        if invert:
-            np.subtract(255, g, out=g)
-        if mnist:
-            out = mnist_style(g, size=h)
-            if (h, w) != out.shape:
-                out = np.asarray(Image.fromarray(out).resize((w, h), Image.LANCZOS))
-        else:
-            out = np.asarray(Image.fromarray(np.clip(g, 0, 255).astype(np.uint8)).resize((w, h), Image.LANCZOS))
-        return out[..., None]
-    rgb = np.stack([a] * 3, -1) if a.ndim == 2 else a
-    if invert:
-        rgb = 255 - rgb
-    return np.asarray(Image.fromarray(rgb.astype(np.uint8)).resize((w, h), Image.LANCZOS))
+    return a
+
+
+def _resized(a: np.ndarray, h: int, w: int) -> np.ndarray:
+    from PIL import Image
+
+    return np.asarray(Image.fromarray(a).resize((w, h), Image.LANCZOS))
+
+
+def _grey(a: np.ndarray) -> np.ndarray:
+    """float32 (never float64: a few bytes per pixel) grey values of (H, W) or (H, W, 3)."""
+    return a.astype(np.float32) if a.ndim == 2 else a.mean(-1, dtype=np.float32)
+
+
+def as_is(img: np.ndarray, in_shape: Sequence[int]) -> np.ndarray:
+    """The picture unchanged, as the model's input (H, W, C) uint8: only resized when its size
+    is not the model's, made grey or colour as the model takes it."""
+    c, h, w = in_shape
+    a = _decoded(img)
+    if c == 1:
+        return _resized(np.clip(_grey(a), 0, 255).astype(np.uint8), h, w)[..., None]
+    return _resized((np.stack([a] * 3, -1) if a.ndim == 2 else a).astype(np.uint8), h, w)
+
+
+def is_dataset_image(a: np.ndarray, target: Target) -> bool:
+    """Whether a decoded picture already is one of the dataset's images: the model's size and
+    channels and, for a grey model, the training data's polarity."""
+    c, h, w = target.shape
+    if a.shape[:2] != (h, w) or (a.ndim == 2) != (c == 1) or (a.ndim == 3 and a.shape[2] != c):
+        return False
+    return c != 1 or not invert_for(a, target.dark_background)
+
+
+def prepare(img: np.ndarray, target: Target, style: str = "auto") -> tuple[np.ndarray, str]:
+    """A picture (uint8 (H, W) or (H, W, C), any size) as the model's input (H, W, C) uint8,
+    made as ``target``'s dataset images were (see the module docstring), and the way used:
+    ``none`` (already one of them) or a style. ``style``: ``auto`` (that rule) or one of
+    ``STYLES`` to force it."""
+    a = _decoded(img)
+    if style == "auto":
+        if is_dataset_image(a, target):
+            return np.array(a, np.uint8).reshape(target.shape[1], target.shape[2], -1), "none"
+        style = target.style
+    c, h, w = target.shape
+    if c != 1:  # colour: the whole picture resized, never inverted
+        return as_is(a, target.shape), "resize"
+    g = _grey(a)
+    if invert_for(g, target.dark_background):
+        np.subtract(255, g, out=g)
+    if style in FITS:
+        out = fit_ink(g, h, FITS[style])
+        if (h, w) != out.shape:
+            out = _resized(out, h, w)
+    else:
+        out = _resized(np.clip(g, 0, 255).astype(np.uint8), h, w)
+    return out[..., None], style

@@ -58,7 +58,7 @@ def prepare(dataset: str | None = None, data: str | Path | None = None,
         sums = _checksums(files, data if data is not None and data.is_dir() else files[0].parent)
         key = hashlib.sha256(json.dumps([name, sums, options], sort_keys=True).encode()).hexdigest()
         out = Path(out) if out is not None else home() / "records" / f"{name}-{key[:12]}"
-        if not force and _up_to_date(out, key):
+        if not force and up_to_date(out, key):
             if not quiet:
                 write(f"{out}: up to date (same inputs and options; --force to rebuild)")
             return out
@@ -68,10 +68,10 @@ def prepare(dataset: str | None = None, data: str | Path | None = None,
         raw: RawDataset = (read_known(ds, folder) if ds is not None
                            else read_source(data, resize=resize, tfrecord_keys=tfrecord_keys,
                                             max_pixels=max_pixels))
-        if val_size is None:  # 5000 for the MNIST family; a tenth of a small set
-            val_size = min(5000, len(raw.train.y) // 10)
+        if val_size is None:
+            val_size = default_val_size(len(raw.train.y))
         stage("write")
-        _check_room(out, raw, variants)
+        check_room(out, raw, variants)
         write_records(raw, out, key=key, options=options, source_checksums=sums, val_size=val_size,
                       seed=seed, variants=variants, force=replace)
     if not quiet:
@@ -117,7 +117,13 @@ def _checksums(files: list[Path], base: Path) -> dict[str, str]:
     return sums
 
 
-def _up_to_date(out: Path, key: str) -> bool:
+def default_val_size(n: int) -> int:
+    """The images held out of ``n`` training images for validation when no size is given:
+    5000 for the MNIST family, a tenth of a smaller set."""
+    return min(5000, n // 10)
+
+
+def up_to_date(out: Path, key: str) -> bool:
     """Whether ``out`` holds readable records of the same inputs and options (``key``)."""
     if not (out.is_dir() and (out / "meta.json").is_file()):
         return False
@@ -149,11 +155,11 @@ def _check_options(val_size: object, seed: object, variants: object, resize: obj
         _whole("max_pixels", max_pixels, 1, limits.MAX_INT)
 
 
-def _check_room(out: Path, raw: RawDataset, variants: int) -> None:
+def check_room(out: Path, raw: RawDataset, variants: int) -> None:
     """Refuse, before writing, records that would not fit in the free space where they go
     (each augmented variant a full copy of the training images): not a disk filled to the
     last byte by an error that comes hours later."""
-    need = sum(part.x.nbytes + part.y.nbytes for part in (raw.train, raw.test) if part is not None)
+    need = sum(part.x.nbytes + part.y.nbytes for part in (raw.train, raw.val, raw.test) if part is not None)
     need += variants * raw.train.x.nbytes
     where = next((p for p in (out, *out.parents) if p.exists()), Path.cwd())
     free = shutil.disk_usage(where).free

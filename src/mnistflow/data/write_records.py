@@ -98,9 +98,14 @@ def split_train_val(n: int, val_size: int, seed: int,
 def write_records(raw: RawDataset, out: Path, *, key: str, options: dict,
                   source_checksums: dict[str, str], val_size: int = 5000, seed: int = 0,
                   variants: int = 0, force: bool = False) -> Path:
-    """Write ``raw`` as a record set at ``out`` atomically; returns ``out``."""
+    """Write ``raw`` as a record set at ``out`` atomically; returns ``out``. Its validation
+    split: ``raw.val`` when given (``val_size`` is then its size), else ``val_size`` training
+    images picked by ``seed``."""
     out = Path(out)
-    tr_idx, va_idx = split_train_val(len(raw.train.y), val_size, seed, raw.train.y)
+    if raw.val is None:
+        tr_idx, va_idx = split_train_val(len(raw.train.y), val_size, seed, raw.train.y)
+    else:  # its own validation split: every training image stays in train
+        tr_idx, va_idx = np.arange(len(raw.train.y)), None
     check_replaceable(out, raw.name, force)
     created = make_dirs(out.parent)
     with _sigterm_as_exit():
@@ -154,13 +159,14 @@ def check_replaceable(out: Path, name: str | None, force: bool) -> None:
                   f"--force to replace them, or pick another --out")
 
 
-def _write(raw: RawDataset, out: Path, tmp: Path, tr_idx: np.ndarray, va_idx: np.ndarray, *,
+def _write(raw: RawDataset, out: Path, tmp: Path, tr_idx: np.ndarray, va_idx: np.ndarray | None, *,
            key: str, options: dict, source_checksums: dict[str, str], val_size: int, seed: int,
            variants: int, force: bool) -> None:
     """Write the record set into ``tmp``, then move it to ``out``."""
     checksums: dict[str, str] = {}
     xtr, ytr = raw.train.x[tr_idx], raw.train.y[tr_idx]
-    parts = {"train": (xtr, ytr), "val": (raw.train.x[va_idx], raw.train.y[va_idx])}
+    val = (raw.val.x, raw.val.y) if va_idx is None else (raw.train.x[va_idx], raw.train.y[va_idx])
+    parts = {"train": (xtr, ytr), "val": val}
     if raw.test is not None:
         parts["test"] = (raw.test.x, raw.test.y)
     values = check_classes(raw, {s: y for s, (_, y) in parts.items()}, val_size)

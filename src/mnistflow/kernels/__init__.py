@@ -23,6 +23,7 @@ pools of spinning threads on the same cores collapse).
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import os
@@ -33,6 +34,7 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
+from typing import Iterator
 from pathlib import Path
 
 import torch
@@ -114,6 +116,7 @@ class _State:
     amx: _Verdict = field(default_factory=_Verdict)  # the AMX kernels (wgrad's, muon's tiles)
     vector: _Verdict = field(default_factory=_Verdict)  # the AVX-512-BF16 ones (wgrad, muon)
     ops: set[str] = field(default_factory=set)  # the ops that ran on a kernel (mark_used)
+    off: bool = False  # a run's --kernels off (switched_off): PyTorch's ops, whatever the environment
 
 
 _state = _State()
@@ -135,8 +138,25 @@ def _switch(name: str) -> bool:
 
 
 def enabled() -> bool:
-    """``$MNISTFLOW_KERNELS``: the native kernels may be used (the default)."""
-    return _switch(KERNELS_ENV)
+    """The native kernels may be used (the default): not ``$MNISTFLOW_KERNELS=0``, not a run's
+    ``--kernels off``."""
+    return not _state.off and _switch(KERNELS_ENV)
+
+
+@contextlib.contextmanager
+def switched_off(off: bool) -> Iterator[None]:
+    """A run's ``--kernels``: inside the block, off (True) makes every op take PyTorch's path in
+    this process; the switch is as it was after it (the library is looked up afresh on a change)."""
+    before = _state.off
+    if off != before:
+        _state.off = off
+        library.cache_clear()
+    try:
+        yield
+    finally:
+        if _state.off != before:
+            _state.off = before
+            library.cache_clear()
 
 
 def check_environment() -> None:
@@ -214,7 +234,7 @@ def _load() -> ctypes.CDLL:
 def library() -> ctypes.CDLL | None:
     """The loaded and checked kernel library, or None (``reason()`` says why)."""
     if not enabled():
-        _state.reason = "off (MNISTFLOW_KERNELS=0)"
+        _state.reason = "off (--kernels off)" if _state.off else "off (MNISTFLOW_KERNELS=0)"
         return None
     try:
         lib = _load()

@@ -3,21 +3,24 @@
     mnistflow serve runs/fast-20250101-120000            # open http://127.0.0.1:8000/
     mnistflow serve runs/fast-20250101-120000/model.safetensors --port 8080
     mnistflow serve model.onnx                           # inference in ONNX Runtime
+    curl -s -F file=@digit.png http://127.0.0.1:8000/api/predict
     curl -s -H 'Content-Type: image/png' --data-binary @digit.png http://127.0.0.1:8000/api/predict
-    curl -s -H 'Content-Type: application/json' -d '{"pixels": [[0, 255], [255, 0]]}' \\
+    curl -s -H 'Content-Type: application/json' \
+         -d '{"pixels": [[0, 0, 255, 0], [0, 0, 255, 0], [0, 0, 255, 0], [0, 0, 255, 0], [0, 0, 255, 0]]}' \
          http://127.0.0.1:8000/api/predict
     curl -s http://127.0.0.1:8000/api/model
 
 Routes: ``GET /`` the page (static files under ``/static``, nothing from the network),
-``POST /api/predict`` (an image body or JSON pixels; see ``inputs`` for the preprocessing
-rule) -> ``{"label", "name", "class_name", "index", "probabilities", "model", "latency_ms",
-"preprocess"}`` (``label``: the data's own label value, e.g. 1..26; ``index``: the model
-output, the position in ``probabilities``; ``name`` = ``class_name``: the class's name),
-plus ``input``, the picture the model saw (H x W or H x W x C), with ``?input=1`` (the page
-shows it); ``GET /api/model``;
-``GET /healthz``. Bad requests get a 4xx and ``{"error": "..."}``; the server keeps serving.
-Every bound (body size, pixels, concurrent decodes, header/body/work deadlines, connections)
-and who may POST (same origin only; image/*, JSON or octet-stream bodies) are in ``guard``.
+``POST /api/predict`` (an image body, a multipart/form-data upload of one image, or JSON
+pixels; see ``inputs`` for the preparation) -> ``{"label", "name", "class_name", "index",
+"probabilities", "model", "latency_ms", "preprocess"}`` (``label``: the data's own label
+value, e.g. 1..26; ``index``: the model output, the position in ``probabilities``; ``name`` =
+``class_name``: the class's name), plus ``input``, the picture the model saw (H x W or H x W x
+C), with ``?input=1`` (the page shows it); ``GET /api/model``; ``GET /healthz``. Bad requests
+get a 4xx and ``{"error": "..."}``; the server keeps serving. Every bound (body size, pixels,
+concurrent decodes, header/body/work deadlines, connections) and who may POST (the page's own
+origin, or a script that sends no ``Origin``) are in ``guard``. docs/serving.md is the
+user's guide.
 
 The event loop only reads requests; decoding, preprocessing and inference run in a thread
 pool, so requests are handled concurrently (one intra-op thread per request by default).
@@ -36,7 +39,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from mnistflow.core.errors import MnistflowError
-from mnistflow.core.limits import MAX_BODY_BYTES
+from mnistflow.core.limits import MAX_BODY_BYTES, MAX_FORM_FIELD_BYTES, MAX_FORM_FIELDS
 from mnistflow.core.log import warn
 from mnistflow.server.guard import (
     LOCAL_HOSTS,
@@ -110,6 +113,67 @@ def classify(pred: Predictor, body: bytes, content_type: str, mode: str | None,
 
 
 
+async def read_request(request: Request, limits: Limits) -> tuple[bytes, str, str | None]:
+    """A POST's picture: (its bytes, their Content-Type, the preparation asked for), after the
+    checks ``guard`` makes before any work (origin, content type, the body's size and
+    deadline); a multipart upload gives its file part (``read_upload``)."""
+    check_origin(request.headers)
+    content_type = request.headers.get("content-type", "")
+    kind = body_kind(content_type)  # 415 before reading the body
+    deadline = Deadline(limits.body_timeout)
+    try:
+        body = await read_body(request, limits.max_body)
+    except asyncio.CancelledError:
+        if not deadline.expired():
+            raise
+        raise BadInput(408, f"the request body did not arrive within {limits.body_timeout:g} s",
+                       {"Connection": "close"}) from None
+    finally:
+        deadline.expired()
+    mode = request.query_params.get("preprocess")
+    if kind == "multipart":
+        return await read_upload(request, body, mode)
+    return body, content_type, mode
+
+
+async def read_upload(request: Request, body: bytes, mode: str | None) -> tuple[bytes, str, str | None]:
+    """The one file of a multipart/form-data ``body`` (already read within the body cap), a
+    Content-Type for it (its part's, when that names an image or JSON; else sniffed) and the
+    form's ``preprocess`` field (else ``mode``). Parsed by Starlette's form parser
+    (python-multipart), its fields bounded by ``core.limits``; a malformed form is a 400."""
+    from starlette.datastructures import UploadFile
+    from starlette.exceptions import HTTPException
+    from starlette.formparsers import MultiPartException
+    from starlette.requests import Request
+
+    async def replay() -> dict:
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    try:
+        form = await Request(request.scope, replay).form(
+            max_files=1, max_fields=MAX_FORM_FIELDS, max_part_size=MAX_FORM_FIELD_BYTES)
+    except (HTTPException, MultiPartException) as e:  # HTTPException: the same, raised inside an app
+        raise BadInput(400, f"bad multipart/form-data body: {getattr(e, 'detail', None) or e.message}") from None
+    try:
+        files = [v for _, v in form.multi_items() if isinstance(v, UploadFile)]
+        if not files:
+            raise BadInput(400, "no complete file part in the multipart/form-data body: send one "
+                                "picture, e.g. curl -F file=@digit.png URL")
+        data = await files[0].read()
+        part_type = (files[0].content_type or "").lower()
+    finally:
+        await form.close()
+    asked = form.get("preprocess")
+    if not data:
+        raise BadInput(400, "the uploaded file is empty")
+    try:
+        kind = body_kind(part_type)
+    except BadInput:  # text/plain, none, ...: the bytes tell
+        kind = "sniff"
+    content_type = part_type if kind in ("image", "json") else "application/octet-stream"
+    return data, content_type, asked if isinstance(asked, str) else mode
+
+
 async def read_body(request: Request, limit: int = MAX_BODY_BYTES) -> bytes:
     """The request body, refused with 413 past ``limit`` bytes (declared or streamed)."""
     declared = request.headers.get("content-length")
@@ -145,8 +209,10 @@ def create_app(model: str | Path | Predictor, *, threads: int = 1, limits: Limit
         from starlette.responses import FileResponse, JSONResponse, Response
         from starlette.routing import Mount, Route
         from starlette.staticfiles import StaticFiles
+        import python_multipart  # noqa: F401  (uploads: Starlette's form parser)
     except ImportError:
-        raise MnistflowError("serving needs starlette and uvicorn: pip install 'mnistflow[serve]'") from None
+        raise MnistflowError("serving needs starlette, uvicorn and python-multipart: "
+                             "pip install 'mnistflow[serve]'") from None
 
     limits = limits or Limits()
     hosts = None if allowed_hosts is None else frozenset(h.lower().strip("[]") for h in allowed_hosts)
@@ -169,23 +235,9 @@ def create_app(model: str | Path | Predictor, *, threads: int = 1, limits: Limit
     async def predict(request):
         t0 = time.perf_counter()
         try:
-            headers = request.headers
-            check_origin(headers)
-            content_type = headers.get("content-type", "")
-            body_kind(content_type)  # 415 before reading the body
-            deadline = Deadline(limits.body_timeout)
-            try:
-                body = await read_body(request, limits.max_body)
-            except asyncio.CancelledError:
-                if not deadline.expired():
-                    raise
-                raise BadInput(408, f"the request body did not arrive within {limits.body_timeout:g} s",
-                               {"Connection": "close"}) from None
-            finally:
-                deadline.expired()
-            q = request.query_params
-            res = await slots.run(classify, pred, body, content_type, q.get("preprocess"),
-                                  q.get("input", "0").lower() in ("1", "true"), limits)
+            body, content_type, mode = await read_request(request, limits)
+            with_input = request.query_params.get("input", "0").lower() in ("1", "true")
+            res = await slots.run(classify, pred, body, content_type, mode, with_input, limits)
         except BadInput as e:
             return error(e.status, e.message, e.headers)
         except ClientDisconnect:  # the client left mid-body: nobody reads an answer, no traceback
@@ -283,7 +335,8 @@ def serve(model: str | Path, host: str = "127.0.0.1", port: int = 8000, *, worke
     try:
         import uvicorn  # noqa: F401
     except ImportError:
-        raise MnistflowError("serving needs starlette and uvicorn: pip install 'mnistflow[serve]'") from None
+        raise MnistflowError("serving needs starlette, uvicorn and python-multipart: "
+                             "pip install 'mnistflow[serve]'") from None
     if workers < 1 or threads < 1:
         raise MnistflowError("--workers and --threads must be at least 1")
     if not 0 <= port <= 65535:

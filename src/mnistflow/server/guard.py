@@ -14,13 +14,16 @@ request headers in time.
   byte (or of its opening), else it is closed (a slowloris client holds nothing for long); a
   body within ``body_timeout`` (408); waiting for a slot plus decoding plus inference within
   ``work_timeout`` (503). Idle keep-alive connections close after uvicorn's 5 s.
-* Who may POST: a browser page from another origin may send a "simple" request (text/plain,
-  no preflight) to a server on 127.0.0.1. So a POST whose ``Origin`` is not this server's (or
-  whose ``Sec-Fetch-Site`` says cross-site) is refused (403), and so is a ``Content-Type``
-  other than ``image/*``, ``application/json`` and ``application/octet-stream`` (415): the
-  last two cannot be sent cross-origin without a CORS preflight, which this server never
-  grants. Served on this machine only, a ``Host`` header other than a local name is refused
-  too (403; DNS rebinding).
+* Who may POST: a browser page from another origin may send a "simple" request (a form
+  post: text/plain, urlencoded or multipart/form-data, no preflight) to a server on
+  127.0.0.1. Browsers send ``Origin`` with every POST (and ``Sec-Fetch-Site``), so a POST
+  whose ``Origin`` is not this server's (``null`` included) or whose ``Sec-Fetch-Site`` is
+  not same-origin is refused (403) before its body is read. A request with neither header
+  comes from a script (curl, requests), not from a page: it may POST. The ``Content-Type``
+  must be ``image/*``, ``application/json``, ``application/octet-stream`` or
+  ``multipart/form-data`` (an upload: ``curl -F file=@digit.png``); anything else is a 415.
+  Served on this machine only, a ``Host`` header other than a local name is refused too
+  (403; DNS rebinding).
 
 uvicorn's private API, and why uvicorn is pinned (``pyproject.toml``: ``uvicorn>=0.54,<0.55``,
 the releases the server's tests passed on). The header deadline and the JSON answer to malformed HTTP
@@ -137,8 +140,8 @@ def check_origin(headers: Mapping[str, str]) -> None:
 
 
 def body_kind(content_type: str) -> str:
-    """``json``, ``image`` or ``sniff`` (octet-stream: JSON when it starts like JSON) for an
-    accepted ``Content-Type``; anything else is a 415."""
+    """``json``, ``image``, ``sniff`` (octet-stream: JSON when it starts like JSON) or
+    ``multipart`` (an upload) for an accepted ``Content-Type``; anything else is a 415."""
     ct = content_type.split(";")[0].strip().lower()
     if ct == "application/json" or (ct.startswith("application/") and ct.endswith("+json")):
         return "json"
@@ -146,9 +149,11 @@ def body_kind(content_type: str) -> str:
         return "image"
     if ct == "application/octet-stream":
         return "sniff"
+    if ct == "multipart/form-data":
+        return "multipart"
     raise BadInput(415, f"Content-Type {ct[:60] or '(none)'!r} refused: send an image as image/png, "
-                       "image/jpeg, ... (or application/octet-stream), or JSON pixels as "
-                       "application/json")
+                       "image/jpeg, ... (or application/octet-stream, or a multipart/form-data "
+                       "upload: curl -F file=@digit.png), or JSON pixels as application/json")
 
 
 # --- bounded work -----------------------------------------------------------------------------

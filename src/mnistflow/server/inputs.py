@@ -1,20 +1,23 @@
 """Request bodies -> the uint8 image the model sees, or a ``BadInput`` with an HTTP status.
 
-Two kinds of body:
-* an image file (PNG, JPEG; also WebP, GIF, BMP): a photo, a scan, the page's canvas;
+What a body may hold:
+* an image file (PNG, JPEG; also WebP, GIF, BMP): a photo, a scan, the page's canvas; as the
+  body itself, or as the file part of a multipart/form-data upload (``curl -F file=@x.png``);
 * JSON ``{"pixels": [[...]]}``: an H x W (grey) or H x W x C (C = 1, 3 or 4) array of
   numbers in 0..255 (floats are rounded).
 
-Which preprocessing (``preprocess`` in the JSON, or ``?preprocess=`` in the URL):
-* ``auto`` (default): a picture that already has the model's size (H x W, and its channel
-  count or grey) is used as it is; anything else gets ``mnist`` (grey models) or ``resize``
-  (colour models).
+Which preparation (``preprocess`` in the JSON, a form field, or ``?preprocess=`` in the URL):
+* ``auto`` (default): ``data.picture.prepare``'s rule, the one ``mnistflow predict`` follows
+  for a picture file: a picture that already is one of the dataset's images (the model's size
+  and channels, and the training data's polarity) is used as it is (``none``); anything else
+  is made as the dataset's images were made (``mnist``, ``emnist``, ``fashion`` or ``resize``:
+  the dataset's style, see ``data.picture``).
 * ``none``: use the picture unchanged; it must have the model's size.
-* ``mnist``: as the MNIST digits were made: the ink's bounding box scaled to 20x20
-  (anti-aliased), placed by its centre of mass in 28x28, polarity turned to the training
+* ``mnist``, ``emnist``, ``fashion``: that style whatever the dataset: the ink's bounding box
+  scaled and placed as those datasets' images were made, the polarity turned to the training
   data's (dark or light background, read from the picture's border).
-* ``resize``: the whole picture resized to the model's size (polarity as for ``mnist`` for
-  grey models).
+* ``resize``: the whole picture resized to the model's size (polarity as above for grey
+  models).
 """
 from __future__ import annotations
 
@@ -25,13 +28,14 @@ import numpy as np
 
 from mnistflow.artifacts.model_info import ModelInfo
 from mnistflow.core.limits import MAX_JSON_SIDE
+from mnistflow.data.picture import STYLES
 from mnistflow.server.guard import BadInput, Limits, body_kind
 
 __all__ = ["decode_image", "parse_json", "to_input", "is_json"]
 
 DEFAULTS = Limits()
 FORMATS = ["PNG", "JPEG", "WEBP", "GIF", "BMP"]
-MODES = ("auto", "none", "mnist", "resize")
+MODES = ("auto", "none", *STYLES)
 
 
 def decode_image(data: bytes, limits: Limits = DEFAULTS) -> np.ndarray:
@@ -44,6 +48,7 @@ def decode_image(data: bytes, limits: Limits = DEFAULTS) -> np.ndarray:
     more than a 1024x1024 picture would."""
     from PIL import Image
 
+    from mnistflow.data.formats.image import working_mode
     from mnistflow.data.picture import shrink
 
     try:
@@ -64,13 +69,7 @@ def decode_image(data: bytes, limits: Limits = DEFAULTS) -> np.ndarray:
         raise BadInput(413, f"image of {w}x{h} pixels: at most {limits.max_pixels:,} pixels")
     try:
         im.load()
-        if im.mode in ("1", "L", "I", "I;16", "F"):
-            im = im.convert("L")
-        elif im.mode in ("LA", "La", "RGBA", "RGBa", "PA") or (im.mode == "P" and "transparency" in im.info):
-            im = im.convert("RGBA")
-        else:
-            im = im.convert("RGB")
-        a = np.asarray(shrink(im, side))
+        a = np.asarray(shrink(working_mode(im), side))
     except Exception as e:  # truncated or corrupt data
         raise BadInput(400, f"the image could not be decoded ({e.__class__.__name__}: {str(e)[:160]})") from None
     return a
@@ -119,7 +118,8 @@ def parse_pixels(pixels: object) -> np.ndarray:
 
 
 def pick_mode(img: np.ndarray, info: ModelInfo, mode: str | None) -> str:
-    """Resolve ``auto`` and check ``none`` against the model's input size."""
+    """``mode`` checked: one of ``MODES`` (None is ``auto``), and ``none`` only for a picture
+    at the model's input size."""
     c, h, w = info.in_shape
     mode = mode or "auto"
     if mode not in MODES:
@@ -129,33 +129,26 @@ def pick_mode(img: np.ndarray, info: ModelInfo, mode: str | None) -> str:
     if mode == "none" and not exact:
         raise BadInput(422, f"preprocess 'none' needs a {h}x{w}x{c} picture, got "
                             f"{'x'.join(map(str, img.shape))}")
-    if mode == "auto":
-        return "none" if exact else ("mnist" if c == 1 else "resize")
     return mode
-
-
-def dark_background(info: ModelInfo) -> bool:
-    """The training data's polarity, from its mean (MNIST: mean ~33 of 255, a dark background)."""
-    return sum(info.mean) / max(len(info.mean), 1) < 127
 
 
 def to_input(img: np.ndarray, info: ModelInfo, mode: str | None = None,
              min_side: int = DEFAULTS.min_side) -> tuple[np.ndarray, str]:
-    """A decoded picture -> ((H, W, C) uint8 at the model's size, the preprocessing used); a
-    picture under ``min_side`` pixels a side (unless at the model's size) is a 400."""
-    from mnistflow.data.picture import to_model_input
+    """A decoded picture -> ((H, W, C) uint8 at the model's size, the preparation used: none
+    or a style). ``auto`` is ``data.picture.prepare``'s rule, the one ``predict`` follows for
+    a picture file. A picture under ``min_side`` pixels a side (unless at the model's size)
+    is a 400."""
+    from mnistflow.data.picture import Target, prepare
 
     mode = pick_mode(img, info, mode)
     c, h, w = info.in_shape
-    if mode != "none" and min(img.shape[:2]) < min(min_side, h, w):
+    if mode == "none":
+        return np.array(img.reshape(h, w, c), dtype=np.uint8, order="C"), mode
+    if img.shape[:2] != (h, w) and min(img.shape[:2]) < min(min_side, h, w):
         raise BadInput(400, f"image of {img.shape[1]}x{img.shape[0]} pixels is too small to "
                             f"classify: at least {min(min_side, h, w)} pixels a side")
-    if mode == "none":
-        x = img.reshape(h, w, c)
-    else:
-        x = to_model_input(img, (c, h, w), invert=None, mnist=mode == "mnist",
-                           dark_background=dark_background(info))
-    return np.array(x, dtype=np.uint8, order="C"), mode  # a writable copy for torch
+    x, used = prepare(img, Target.of(info.in_shape, info.mean, info.dataset), mode)
+    return np.array(x, dtype=np.uint8, order="C"), used  # a writable copy for torch
 
 
 def is_json(content_type: str, data: bytes) -> bool:

@@ -167,7 +167,7 @@ class CSVLogger:
                                  "line is not 'kind,step,...'): pick another path, or remove it", self.path)
 
     def on_step_end(self, step: int, logs: dict) -> None:
-        if "loss" in logs:  # a logged step (the others carry only step, epoch and lr)
+        if "loss" in logs:  # logged steps (the measured scalars) only
             self._add("train", step, logs)
 
     def on_validation_end(self, step: int, logs: dict) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, fields
@@ -84,6 +85,10 @@ class Rule:
         """Why ``value`` is not valid (``None``: it is)."""
         if any(type(value) is type(c) and value == c for c in self.choices):
             return None  # one of the choices (True is no 1: the types must match)
+        if self.kind is dict:
+            return None if isinstance(value, dict) and tomlable(value) else (
+                "a table of names to plain values (text, numbers, true/false, lists, tables; "
+                "no null: config.toml must hold it)")
         if self.kind is bool:
             return None if isinstance(value, bool) else "true or false"
         if self.kind is str:
@@ -111,6 +116,29 @@ class Rule:
         if is_int and not -limits.MAX_INT - 1 <= value <= limits.MAX_INT:
             return f"at most {limits.MAX_INT} (a 64-bit integer)"
         return None
+
+
+def tomlable(v: Any) -> bool:
+    """Whether ``v`` can be written to config.toml and read back the same: text, finite numbers,
+    booleans, and lists and tables (string keys) of them."""
+    if isinstance(v, dict):
+        return all(isinstance(k, str) and _utf8(k) and tomlable(x) for k, x in v.items())
+    if isinstance(v, (list, tuple)):
+        return all(tomlable(x) for x in v)
+    if isinstance(v, float):
+        return math.isfinite(v)
+    return isinstance(v, (bool, int)) or (isinstance(v, str) and "\0" not in v and _utf8(v))
+
+
+def _json_table(text: str) -> dict:
+    """--model-kwargs: a JSON object."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        value = None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object like '{{\"width\": 64}}', got '{text}'")
+    return value
 
 
 def _utf8(text: str) -> bool:
@@ -160,7 +188,12 @@ class TrainConfig:
         None, "run", "a preset: softmax, seed-cnn, fast, fast-plus, mid, best (flags override its values)",
         kind=str)
     model: str = setting(
-        "seed-cnn", "model", "a registered model (see 'mnistflow models') or a layer spec string")
+        "seed-cnn", "model", "a registered model (see 'mnistflow models'), a layer spec string, or "
+                             "'package.module:name', a model class or factory of yours (importable)")
+    model_kwargs: dict | None = setting(
+        None, "model", "the keyword arguments of --model package.module:name, as a JSON object (e.g. "
+                       "'{\"width\": 64}'); in_shape and num_classes come from the data when it takes them",
+        kind=dict, parse=_json_table)
     data: str | None = setting(
         None, "data", "records directory or raw data, prepared into the cache on first use "
                       "(default: $MNISTFLOW_DATA, else mnist)", kind=str)
@@ -177,8 +210,9 @@ class TrainConfig:
     target_split: str = setting("val", "optimization", "split the target is measured on: val or test",
                                 choices=("val", "test"))
     batch_size: int | str = setting(
-        128, "optimization", "per process; under torchrun the global batch is this x processes; "
-                             "auto: the fastest (CPU) or the largest that fits (GPU)",
+        128, "optimization", "images per step, all processes together (under --nproc N or torchrun each "
+                             "process takes 1/N of it); auto: the fastest (CPU) or the largest that fits "
+                             "(GPU) per process",
         choices=("auto",), at_least=1, parse=_batch_size)
     optimizer: str = setting(
         "adam", "optimization", "sgd, momentum, adadelta, adagrad, adam, adamw, rmsprop, muon "
@@ -233,6 +267,10 @@ class TrainConfig:
         False, "precision/devices", "channels-last memory layout for the model and its batches")
     device: str = setting(
         "auto", "precision/devices", "auto, cpu, cuda, cuda:N (among CUDA_VISIBLE_DEVICES) or mps")
+    kernels: str = setting(
+        "auto", "precision/devices", "mnistflow's native CPU kernels: auto (those this CPU runs, each "
+        "checked against PyTorch when loaded) or off (PyTorch's ops only); the run records which it "
+        "used", choices=("auto", "off"))
     threads: int | None = setting(
         None, "precision/devices", "intra-op CPU threads (default: $MNISTFLOW_THREADS, else the usable "
                                    "cores other processes leave free, shared among the processes per machine)",
@@ -341,6 +379,16 @@ def check_config(cfg: TrainConfig) -> None:
         raise MnistflowError("--nesterov needs a --momentum above 0")
     if cfg.init_only is not None and not cfg.init_from:
         raise MnistflowError("--init-only selects what --init-from loads: give --init-from NPZ too")
+    if cfg.model_kwargs is not None and not is_import_path(cfg.model):
+        raise MnistflowError(f"--model-kwargs are the arguments of a model class or factory "
+                             f"(--model package.module:name); '{_show(cfg.model)[1:-1]}' is a registered "
+                             "name or a spec")
+
+
+def is_import_path(model: str) -> bool:
+    """Whether ``model`` names a user's class or factory, ``package.module:name`` (a registered
+    name or a layer spec holds no colon)."""
+    return ":" in model
 
 
 def check_target_split(cfg: TrainConfig, holds: Callable[[str], bool], where: str | Path) -> None:
@@ -411,33 +459,13 @@ def to_dict(cfg: TrainConfig) -> dict:
     return dataclasses.asdict(cfg)
 
 
-def toml_value(v: Any) -> str:
-    """``v`` (a setting's value: bool, int, float or str) as a TOML value. Strings are basic
-    strings: backslash, quote and control characters escaped, every other character (one
-    outside the BMP too) written as itself; the file is UTF-8."""
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, int):
-        return str(v)
-    if isinstance(v, float):
-        return repr(v)  # '0.001', '1e-05', '1e+38': TOML floats (a config's are finite)
-    if isinstance(v, str):
-        return '"' + "".join(_TOML_ESCAPES.get(c) or (f"\\u{ord(c):04X}" if ord(c) < 0x20 or c == "\x7f" else c)
-                             for c in v) + '"'
-    raise TypeError(f"no TOML value for {type(v).__name__}")
-
-
-_TOML_ESCAPES = {"\\": "\\\\", '"': '\\"', "\b": "\\b", "\t": "\\t", "\n": "\\n", "\f": "\\f", "\r": "\\r"}
-
-
 def save_toml(cfg: TrainConfig, path: str | Path) -> None:
-    """Write the resolved configuration as TOML (``None`` values are left out); ``load_toml``
-    reads back the same values, whatever characters the text settings hold."""
-    lines = ["# mnistflow resolved configuration: mnistflow train --config THIS_FILE", "version = 1"]
-    for k, v in to_dict(cfg).items():
-        if v is None or k == "resume":  # resuming is an action, not a setting
-            continue
-        lines.append(f"{k} = {toml_value(v)}")
+    """Write the resolved configuration as TOML (``None`` values and ``resume``, an action, left
+    out), with ``tomli_w``; ``load_toml`` reads back the same values, whatever the text holds."""
+    import tomli_w
+
     from mnistflow.core.fsutil import atomic_write_text
 
-    atomic_write_text(path, "\n".join(lines) + "\n")
+    values = {k: v for k, v in to_dict(cfg).items() if v is not None and k != "resume"}
+    atomic_write_text(path, "# mnistflow resolved configuration: mnistflow train --config THIS_FILE\n"
+                      + tomli_w.dumps({"version": 1, **values}))

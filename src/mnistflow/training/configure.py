@@ -49,7 +49,7 @@ def configure(config: str | os.PathLike | None = None, **flags) -> tuple[TrainCo
         recipe.update(for_data(name, policy) if policy else {})
     base, resume = None, None
     if given("resume"):
-        base, resume = _resumed(given, recipe, file, flags)
+        base, resume = _resumed(given, flags)
     return configmod.resolve(recipe, file, flags, base=base), resume
 
 
@@ -70,7 +70,7 @@ def _recipe_for_target(given, file: dict, flags: dict) -> str:
     return name
 
 
-def _resumed(given, recipe: dict | None, file: dict, flags: dict) -> tuple[dict | None, Resume | None]:
+def _resumed(given, flags: dict) -> tuple[dict | None, Resume | None]:
     """``--resume``: (the base layer of settings, the checkpoint). The base is the checkpoint's
     configuration; without a checkpoint (killed before its first), the run's own config.toml
     (never the defaults: that would train another model into it). Sets ``flags``' run directory
@@ -87,6 +87,5 @@ def _resumed(given, recipe: dict | None, file: dict, flags: dict) -> tuple[dict 
         own = resumemod.restart_config(run_dir)
         return (resumemod.restart_base(own, known, keep_threads=keep_threads) if own else None), None
     resume = Resume.load(path)
-    batch_given = any(d.get("batch_size") is not None for d in (recipe or {}, file, flags))
     flags["resume"] = str(path)
-    return resume.config_base(batch_given, known, keep_threads=keep_threads), resume
+    return resume.config_base(known, keep_threads=keep_threads), resume

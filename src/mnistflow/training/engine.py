@@ -204,7 +204,19 @@ class LogWindow:
         self.loss = torch.zeros((), device=device)
         self.correct = torch.zeros((), dtype=torch.int64, device=device)
         self.n = 0
+        self.epoch_sums = [0.0, 0.0, 0]  # loss x n, correct, n: this epoch's logged intervals
         self.restart()
+
+    def new_epoch(self) -> None:
+        """Start a new window and a new epoch's totals."""
+        self.epoch_sums = [0.0, 0.0, 0]
+        self.restart()
+
+    def epoch_means(self) -> dict:
+        """The epoch's training loss and accuracy so far (over its logged intervals: every step of
+        it, as an epoch ends on a logged step), from the numbers each read synced already."""
+        loss, correct, n = self.epoch_sums
+        return {"loss": loss / n, "acc": correct / n} if n else {}
 
     def restart(self) -> None:
         """Start a new window (after a log, or when an epoch begins)."""
@@ -230,6 +242,7 @@ class LogWindow:
                 (wl, wc), wn = sums.tolist(), self.n  # the sync point
         if not math.isfinite(wl):
             raise nonfinite(state, lr, precision)
+        self.epoch_sums = [self.epoch_sums[0] + wl, self.epoch_sums[1] + wc, self.epoch_sums[2] + wn]
         stats = self.loader.stats
         dt = max(time.perf_counter() - self.t0, 1e-9)
         logs = {"epoch": state.epoch + state.step_in_epoch / max(len(self.loader), 1),

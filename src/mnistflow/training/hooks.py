@@ -8,13 +8,15 @@ filtered by signature, as Lightning Fabric's ``call`` does):
     epoch   the epoch (0-based; for on_epoch_end, the one that ended)
     logs    a dict, by event:
         on_train_start      total_steps, start_step, steps_per_epoch, run_dir, config (a dict)
-        on_step_end         the logged scalars of that step (loss, acc, lr, img_per_s,
-                            data_wait_frac, queue_depth, epoch, ...). Called on LOGGED steps only
-                            (every ``log_every``, and the last step of an epoch or run): the
-                            numbers are read from the device once per log interval
+        on_step_end         every step: epoch (a fraction) and lr; on a logged step (every
+                            ``log_every``, and the last step of an epoch or run) also the measured
+                            scalars of the interval: loss, acc, img_per_s, data_wait_frac,
+                            queue_depth, ... ("loss" in logs tells a logged step). The numbers are
+                            read from the device once per log interval: a hook costs no sync
         on_validation_end   split ("val", or "test" for a test pass), acc, loss, n, eval_s, and
                             the same as <split>_acc / <split>_loss
-        on_epoch_end        epoch (the one that ended), step
+        on_epoch_end        epoch (the one that ended), step, the epoch's training loss and acc,
+                            and val_loss / val_acc when the epoch ended with a validation pass
         on_train_end        the run's summary
 
 So ``def on_epoch_end(self, epoch, logs)`` and ``def on_step_end(self, step, logs)`` both work.
@@ -40,6 +42,7 @@ from mnistflow.core.errors import MnistflowError
 
 HOOKS = ("on_train_start", "on_step_end", "on_validation_end", "on_epoch_end", "on_train_end")
 ARGS = ("step", "epoch", "logs")  # the keywords of every event
+EPOCH_KEYS = ("epoch", "step", "loss", "acc", "val_loss", "val_acc")  # the loop's own on_epoch_end logs
 
 
 class StopTraining(Exception):

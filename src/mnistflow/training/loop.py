@@ -55,16 +55,16 @@ from mnistflow.training.setup import Run, check_run_inputs, model_info, start, w
 __all__ = ["fit", "TrainingInterrupted"]
 
 
-def fit(cfg: TrainConfig, *, model: torch.nn.Module | None = None, model_factory: dict | None = None,
-        callbacks: Sequence = (), loss_fn: Callable | None = None, resume: Resume | None = None) -> dict:
+def fit(cfg: TrainConfig, *, model: torch.nn.Module | None = None, callbacks: Sequence = (),
+        loss_fn: Callable | None = None, resume: Resume | None = None) -> dict:
     """Train as configured; returns the run summary (the ``--json`` object). ``cfg`` is not changed.
 
     With ``cfg.resume`` the run continues from that checkpoint (``resume``: it, read already by
     ``training.configure``) or, killed before its first one, restarts from its own config.toml;
     otherwise a run directory that already holds a run is refused. The run directory is locked
     for the run's lifetime. Under torchrun every process calls it. ``model``: a ready module to
-    train instead of ``cfg.model``'s, ``model_factory`` how to rebuild it ({"factory":
-    "pkg.mod:name", "kwargs": {...}}, recorded in the model file); ``callbacks``: hooks
+    train instead of building ``cfg.model`` (``cfg.model`` and ``cfg.model_kwargs`` then say how
+    to rebuild it: ``package.module:name``); ``callbacks``: hooks
     (``training.hooks``) after mnistflow's own; ``loss_fn(logits, targets)``: replaces the
     (label-smoothed) cross-entropy.
     """
@@ -81,9 +81,10 @@ def fit(cfg: TrainConfig, *, model: torch.nn.Module | None = None, model_factory
     device = dist.device_for(info, device)
     kernels.reset_used()
     try:
-        with log.recording() as warned, log.quiet(cfg.quiet), contextlib.ExitStack() as held:
-            run = start(cfg, device, info, held, resume=resume, model=model, model_factory=model_factory,
-                        callbacks=callbacks, loss_fn=None if loss_fn is None else _checked_loss(loss_fn))
+        with log.recording() as warned, log.quiet(cfg.quiet), contextlib.ExitStack() as held, \
+                kernels.switched_off(cfg.kernels == "off"):
+            run = start(cfg, device, info, held, resume=resume, model=model, callbacks=callbacks,
+                        loss_fn=None if loss_fn is None else _checked_loss(loss_fn))
             summary = finish(run, run_epochs(run), warned)
     except TrainingInterrupted:
         if owned:
@@ -122,7 +123,7 @@ def run_epochs(run: Run) -> Clock:
         while state.step < run.total and not state.stop_reason:
             run.train_loader.set_epoch(state.epoch, state.step_in_epoch)  # order: f(seed, epoch)
             run.model.train()
-            window.restart()
+            window.new_epoch()
             for xb, yb in _batches(run.train_loader):
                 lr = run.lr_at(state.step)
                 loss, logits = run.step_fn(run.model, run.optimizer, run.amp, xb, yb, lr,
@@ -132,10 +133,11 @@ def run_epochs(run: Run) -> Clock:
                 window.add(loss, logits, yb)
                 state.advance(yb.shape[0] * run.info.world_size)
                 last, epoch_end = state.step >= run.total, state.step_in_epoch == run.steps_per_epoch
-                if state.step % cfg.log_every == 0 or last or epoch_end:  # the one sync per interval
-                    logs = window.read(state, lr, run.precision)
-                    with profiled("logging"):
-                        state.stop(hooks.call("on_step_end", step=state.step, epoch=state.epoch, logs=logs))
+                logged = state.step % cfg.log_every == 0 or last or epoch_end
+                logs = (window.read(state, lr, run.precision) if logged  # the one sync per interval
+                        else {"epoch": state.epoch + state.step_in_epoch / run.steps_per_epoch, "lr": lr})
+                with profiled("logging"):
+                    state.stop(hooks.call("on_step_end", step=state.step, epoch=state.epoch, logs=logs))
                 with profiled("step_hooks"):
                     if cfg.eval_every and state.step % cfg.eval_every == 0:
                         evaluate_now(run, clock)
@@ -151,7 +153,7 @@ def run_epochs(run: Run) -> Clock:
             if eval_due_at_epoch_end(run):
                 evaluate_now(run, clock)
             if state.step_in_epoch >= run.steps_per_epoch:
-                end_epoch(run)
+                end_epoch(run, window)
             if state.step < run.total:
                 at_resumable_point(run)
     if state.stop_reason == "interrupted":
@@ -212,10 +214,13 @@ def eval_due_at_epoch_end(run: Run) -> bool:
     return last or state.step_in_epoch >= run.steps_per_epoch
 
 
-def end_epoch(run: Run) -> None:
-    """Tell the hooks an epoch ended, and count it."""
+def end_epoch(run: Run, window: LogWindow) -> None:
+    """Tell the hooks an epoch ended (its training loss and accuracy, and the validation pass at
+    its end if there was one), and count it."""
     state = run.state
-    logs = {"epoch": state.epoch, "step": state.step}
+    logs = {"epoch": state.epoch, "step": state.step, **window.epoch_means()}
+    if state.metrics.get("val_step") == state.step:
+        logs.update(val_loss=state.metrics["val_loss"], val_acc=state.metrics["val_acc"])
     state.stop(run.hooks.call("on_epoch_end", step=state.step, epoch=state.epoch, logs=logs))
     state.epoch += 1
     state.step_in_epoch = 0
@@ -356,7 +361,7 @@ def _summary(run: Run, clock: Clock, wall: float, train_s: float, ranks_in_sync:
         "threads": torch.get_num_threads(),
         "interop_threads": torch.get_num_interop_threads(),
         "world_size": run.info.world_size,
-        "global_batch": cfg.batch_size * run.info.world_size,
+        "global_batch": cfg.batch_size,
         "ranks_in_sync": ranks_in_sync,
         "run_dir": str(run.dir.path),
         "resumed_from": None if run.resume is None else str(run.resume.path),

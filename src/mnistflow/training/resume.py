@@ -31,9 +31,9 @@ from mnistflow.training.engine import TrainState
 
 # Settings that change the model or the data (its content or order): a resume that changes
 # them would not continue the same run, so it is refused. Others (epochs, lr, ...) may change.
-# batch_size is compared as the global batch (batch_size x processes): resuming under torchrun
-# with another number of processes is allowed when the global batch stays the same.
-RESUME_IDENTITY = ("model", "seed", "batch_size", "drop_last", "augment", "optimizer", "train_on")
+# (batch_size is the global batch, whatever the number of processes: a resume with another
+# number of processes continues the same run.)
+RESUME_IDENTITY = ("model", "model_kwargs", "seed", "batch_size", "drop_last", "augment", "optimizer", "train_on")
 
 
 def rank_seed(seed: int, rank: int, step: int = 0) -> int:
@@ -52,9 +52,8 @@ def data_fingerprint(rec: Records) -> dict:
 
 
 def resume_differences(old: dict, cfg: TrainConfig, old_data: dict | None = None,
-                       data: dict | None = None, *, old_world: int = 1, world: int = 1) -> list[str]:
-    """``key: old -> new`` for each setting that changes the model or data. ``old_world`` and
-    ``world``: the numbers of processes of the checkpoint's run and of this one. ``old``: the
+                       data: dict | None = None) -> list[str]:
+    """``key: old -> new`` for each setting that changes the model or data. ``old``: the
     checkpoint's configuration (``Resume.config``); a ``--augment auto`` not resolved yet
     (the records not opened) is compared once it is."""
     diffs = []
@@ -63,11 +62,7 @@ def resume_differences(old: dict, cfg: TrainConfig, old_data: dict | None = None
             continue
         if k == "augment" and cfg.augment == "auto":
             continue
-        if k == "batch_size" and old_world != world:
-            if old[k] * old_world != cfg.batch_size * world:
-                diffs.append(f"global batch (batch_size x processes): {old[k]} x {old_world} = "
-                             f"{old[k] * old_world} -> {cfg.batch_size} x {world} = {cfg.batch_size * world}")
-        elif old.get(k) != getattr(cfg, k):
+        if old.get(k) != getattr(cfg, k):
             diffs.append(f"{k}: {old.get(k)} -> {getattr(cfg, k)}")
     if old_data and data and old_data.get("sha256") != data["sha256"]:
         diffs.append(f"data: {old_data.get('name')} ({old_data.get('sha256', '')[:8]}) -> "
@@ -126,17 +121,6 @@ def check_same_run(resume: "Resume", run_dir: Path) -> None:
                              "out of checkpoints/, or resume it into another --run-dir", resume.path)
 
 
-def keep_global_batch(base: dict, old_world: int, given: bool) -> None:
-    """Resuming under another number of processes without ``--batch-size``: the per-process
-    batch that keeps the checkpoint's global batch (when it divides evenly)."""
-    world = dist.env_info().world_size
-    if given or old_world == world or "batch_size" not in base:
-        return
-    global_batch = base["batch_size"] * old_world
-    if global_batch % world == 0:
-        base["batch_size"] = global_batch // world
-
-
 def restart_config(run_dir: str | os.PathLike) -> Path | None:
     """``--resume`` of a run without a valid checkpoint (killed before its first one): its
     ``config.toml``, which it restarts from at step 0 (never the defaults: that would train
@@ -179,12 +163,11 @@ class Resume:
         """The configuration the checkpoint's run trained with."""
         return dict(self.payload["config"])
 
-    def config_base(self, given_batch: bool, known: set[str], *, keep_threads: bool = True) -> dict:
+    def config_base(self, known: set[str], *, keep_threads: bool = True) -> dict:
         """The checkpoint's configuration, as the base layer of a resumed run's settings.
         ``keep_threads``: the thread count the run used so far (the bits depend on it), unless
         the user chose one (then it is left out: their choice applies)."""
         base = {k: v for k, v in self.config.items() if k in known - {"resume", "run_dir"}}
-        keep_global_batch(base, self.world_size, given_batch)
         if not keep_threads:
             base.pop("threads", None)
         elif self.threads and self.world_size == dist.env_info().world_size:
@@ -206,11 +189,10 @@ class Resume:
         """The number of processes that saved it."""
         return int(self.payload["train_state"].get("world_size", 1))
 
-    def check(self, cfg: TrainConfig, world: int, rec: Records | None = None) -> None:
+    def check(self, cfg: TrainConfig, rec: Records | None = None) -> None:
         """RESUME_IDENTITY (and, with ``rec``, the data): a difference is an error listing them."""
         diffs = resume_differences(self.config, cfg, self.payload.get("data") if rec else None,
-                                   data_fingerprint(rec) if rec else None, old_world=self.world_size,
-                                   world=world)
+                                   data_fingerprint(rec) if rec else None)
         if diffs:
             raise MnistflowError("cannot resume with a different model or data: " + "; ".join(diffs),
                                  self.path)

@@ -20,6 +20,7 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
+from mnistflow import kernels
 from mnistflow.artifacts import checkpoint
 from mnistflow.artifacts.model_info import ModelInfo, info_from_records
 from mnistflow.artifacts.rundir import RunDir
@@ -53,7 +54,7 @@ from mnistflow.training import config as configmod
 from mnistflow.training import resume as resumemod
 from mnistflow.training.checkpointing import Saver, Signals
 from mnistflow.training.claim import claim_run_dir
-from mnistflow.training.config import TrainConfig
+from mnistflow.training.config import TrainConfig, is_import_path
 from mnistflow.training.engine import GraphedStep, TrainState, graph_blocker, train_step
 from mnistflow.training.hooks import Hooks
 from mnistflow.training.observe.console import ConsoleLogger
@@ -64,6 +65,7 @@ from mnistflow.training.observe.starvation import StarvationWatch
 from mnistflow.training.observe.tensorboard import TensorBoardLogger
 from mnistflow.training.optim import build_optimizer, lr_factor, net_parameters
 from mnistflow.training.resume import data_fingerprint
+from mnistflow.training.user_model import build_from_path
 
 WHITEN_IMAGES = 1000
 
@@ -92,7 +94,6 @@ class Run:
     dir: RunDir
     info: dist.DistInfo
     resume: resumemod.Resume | None = None
-    model_factory: dict | None = None  # {"factory": "pkg.mod:name", "kwargs": {...}} of a user's model
     loss_fn: Callable | None = None  # a user's loss (logits, targets) -> scalar; None: cross-entropy
     # the loop's parts, wired by ``start``
     steps_per_epoch: int = 0  # the same on every rank, and for any world size
@@ -115,13 +116,11 @@ class Run:
 
 
 def _threads_for_a_shared_machine() -> int | None:
-    """The default thread count, lowered when other processes keep cores busy (only when no
-    one chose: no ``--threads``, no ``$MNISTFLOW_THREADS``, not under torchrun, where the
-    busy cores are the other ranks), and only when mnistflow did not see an idle machine at
-    import (``core.openmp``; the 0.25 s sample would be a sixth of a `fast` run). A thread that
-    shares a core with a busy process slows every op: 2 spinning threads beside one took 4.6x
-    their idle time on a Zen 4 VM, 2 passive ones 3.4x, 1 thread 1.2x (Zen 2: 2.4x, 1.3x,
-    1.3x; benchmarks/busy_neighbour.py)."""
+    """The default thread count, lowered when other processes keep cores busy (a thread that
+    shares a core with a busy process slows every op: BENCHMARKS.md, "A busy neighbour"). Only
+    when no one chose (no ``--threads``, no ``$MNISTFLOW_THREADS``, not under torchrun, where the
+    busy cores are the other ranks) and mnistflow did not see an idle machine when the command
+    started (``core.openmp``). The count the run got is recorded: a replay uses it."""
     if env_threads() or local_processes() > 1:
         return None
     if openmp.chosen == "spin":  # mnistflow saw no other process running when it was imported
@@ -195,37 +194,48 @@ def _resolve_augment(cfg: TrainConfig, rec: Records, info: dist.DistInfo,
     return dataclasses.replace(cfg, augment=policy)
 
 
-def _preflight_memory(cfg: TrainConfig, rec: Records, model: torch.nn.Module) -> None:
+def _check_batch(batch: int, n_train: int, world: int, where: str) -> None:
+    """The global batch fits the training set and splits evenly over the processes (each takes
+    an equal share: DDP averages the processes' gradients as equals)."""
+    if batch > n_train:
+        raise MnistflowError(f"--batch-size {batch} is larger than the training set ({n_train:,} images)", where)
+    if batch % world:
+        lower, higher = batch - batch % world, batch + world - batch % world
+        raise MnistflowError(f"--batch-size {batch} (the global batch) does not split evenly over {world} "
+                             f"processes: give a multiple of {world}, e.g. "
+                             + (f"{lower} or {higher}" if lower else f"{higher}"))
+
+
+def _preflight_memory(cfg: TrainConfig, rec: Records, model: torch.nn.Module, world: int) -> None:
     """Refuse, before any work, a setting whose memory estimate would make the machine swap."""
     splits = [rec.split(s)[0] for s in ("train", "val", "test") if rec.has(s)]
     data_bytes = 0 if cfg.resident == "no" else sum(a.nbytes for a in splits) * (1 + rec.variants)
     opt_states = {"adam": 2, "adamw": 2, "adadelta": 2, "momentum": 1, "rmsprop": 1, "adagrad": 1}
-    est = estimate_training_mb(model, rec.in_shape, cfg.batch_size, data_bytes,
+    est = estimate_training_mb(model, rec.in_shape, cfg.batch_size // world, data_bytes,
                                opt_states.get(cfg.optimizer, 0))
     check_fits(est, cfg.memory_cap_mb, f"--batch-size {cfg.batch_size} with model {cfg.model}")
 
 
 def build_run(cfg: TrainConfig, run_dir: Path, device: torch.device, info: dist.DistInfo,
-              resume: resumemod.Resume | None = None, model: torch.nn.Module | None = None,
-              model_factory: dict | None = None) -> Run:
+              resume: resumemod.Resume | None = None, model: torch.nn.Module | None = None) -> Run:
     """Threads, data, model, optimizer, loaders, the run directory (rank 0). ``model``: a
     ready module to train instead of ``create_model(cfg.model)``."""
     cfg = dataclasses.replace(cfg, data=_absolute_data(cfg),  # config.toml works from any directory
                               run_dir=None if cfg.run_dir is None else os.path.abspath(run_dir))
-    _machine(cfg, device, info, resume)
+    cfg = _machine(cfg, device, info, resume)
     precision = pick_precision(cfg.precision, device)
+    cfg = dataclasses.replace(cfg, precision=precision)  # as resolved: a replay runs the same numerics
     with dist.local_rank_zero_first(info):  # one process per machine prepares the cache
         rec = open_records(prepare(cfg.dataset, cfg.data, quiet=cfg.quiet or cfg.json))
     configmod.check_target_split(cfg, rec.has, rec.path)
     n_train = rec.size(cfg.train_on)
-    if cfg.batch_size != "auto" and cfg.batch_size > n_train:
-        raise MnistflowError(f"--batch-size {cfg.batch_size} is larger than the training set "
-                             f"({n_train:,} images)", rec.path)
+    if cfg.batch_size != "auto":
+        _check_batch(cfg.batch_size, n_train, info.world_size, rec.path)
     raw_model = _model(cfg, rec, device, info, model)
     if cfg.batch_size == "auto":
         cfg = _auto_batch(cfg, raw_model, rec, device, info, precision)
     cfg = _resolve_augment(cfg, rec, info, resume)
-    _preflight_memory(cfg, rec, raw_model)
+    _preflight_memory(cfg, rec, raw_model, info.world_size)
     optimizer = build_optimizer(cfg.optimizer, net_parameters(raw_model), cfg.lr, momentum=cfg.momentum,
                                 nesterov=cfg.nesterov, weight_decay=cfg.weight_decay,
                                 muon_lr=cfg.muon_lr, muon_momentum=cfg.muon_momentum,
@@ -240,7 +250,7 @@ def build_run(cfg: TrainConfig, run_dir: Path, device: torch.device, info: dist.
         model = torch.compile(model)
     train_loader, val_loader, test_loader = _loaders(cfg, rec, device, info)
     if resume is not None:
-        resume.check(cfg, info.world_size, rec)
+        resume.check(cfg, rec)
     if info.is_primary:
         run_dir.mkdir(parents=True, exist_ok=True)
         configmod.save_toml(cfg, RunDir(run_dir).config)
@@ -250,13 +260,16 @@ def build_run(cfg: TrainConfig, run_dir: Path, device: torch.device, info: dist.
     return Run(cfg=cfg, rec=rec, device=device, precision=precision, amp=Amp.create(precision, device),
                model=model, raw_model=raw_model, optimizer=optimizer, train_loader=train_loader,
                val_loader=val_loader, test_loader=test_loader, dir=RunDir(run_dir), info=info,
-               resume=resume, model_factory=model_factory, steps_per_epoch=steps_per_epoch,
+               resume=resume, steps_per_epoch=steps_per_epoch,
                total=total, state=TrainState(total_steps=total))
 
 
 def _machine(cfg: TrainConfig, device: torch.device, info: dist.DistInfo,
-             resume: resumemod.Resume | None) -> None:
-    """This process's threads, GPU memory cap, allocator and denormals, as the run asks."""
+             resume: resumemod.Resume | None) -> TrainConfig:
+    """This process's threads, GPU memory cap, allocator and denormals, as the run asks; ``cfg``
+    with the thread count and native kernels it got (``fit`` switches them for the run), which
+    decide the last bits of the weights (config.toml records them: a replay gets the same, on a
+    busy machine too)."""
     threads = cfg.threads or (_threads_for_a_shared_machine() if device.type == "cpu" else 2)
     set_threads(threads)
     if resume is not None and info.is_primary:
@@ -265,6 +278,8 @@ def _machine(cfg: TrainConfig, device: torch.device, info: dist.DistInfo,
     if device.type == "cpu":
         tune_malloc()
         flush_denormals()
+    return dataclasses.replace(cfg, threads=torch.get_num_threads(),
+                               kernels="auto" if kernels.enabled() else "off")
 
 
 def _model(cfg: TrainConfig, rec: Records, device: torch.device, info: dist.DistInfo,
@@ -272,8 +287,9 @@ def _model(cfg: TrainConfig, rec: Records, device: torch.device, info: dist.Dist
     """The model to train, on ``device``, checked against the data's shape and classes."""
     seed_everything(cfg.seed)
     name = cfg.model if model is None else type(model).__name__  # (a ready module's label is a path)
-    if model is None:
-        model = create_model(cfg.model, rec.in_shape, rec.num_classes)  # the same on every rank
+    if model is None:  # the same on every rank
+        model = (build_from_path(cfg, rec.in_shape, rec.num_classes) if is_import_path(cfg.model)
+                 else create_model(cfg.model, rec.in_shape, rec.num_classes))
     if info.rank > 0:
         torch.manual_seed(resumemod.rank_seed(cfg.seed, info.rank))
     memfmt = torch.channels_last if cfg.channels_last else torch.contiguous_format
@@ -291,15 +307,18 @@ def _model(cfg: TrainConfig, rec: Records, device: torch.device, info: dist.Dist
 
 def _auto_batch(cfg: TrainConfig, model: torch.nn.Module, rec: Records, device: torch.device,
                 info: dist.DistInfo, precision: str) -> TrainConfig:
-    """``--batch-size auto``: rank 0's choice, for every rank."""
+    """``--batch-size auto``: rank 0's choice for one process, times the processes (the global
+    batch), for every rank."""
     from mnistflow.training.autobatch import choose_batch_size
 
+    world = info.world_size
     choice = choose_batch_size(model, cfg, rec.in_shape, rec.num_classes, device, precision,
-                               rec.size(cfg.train_on)) if info.is_primary else None
+                               rec.size(cfg.train_on) // world) if info.is_primary else None
     batch, why = dist.broadcast_object(choice)
     if info.is_primary:
-        note(f"batch size auto: {batch} ({why})")
-    return dataclasses.replace(cfg, batch_size=batch)
+        note(f"batch size auto: {batch * world}" + (f" ({batch} per process x {world})" if world > 1 else "")
+             + f" ({why})")
+    return dataclasses.replace(cfg, batch_size=batch * world)
 
 
 def _loaders(cfg: TrainConfig, rec: Records, device: torch.device, info: dist.DistInfo) -> tuple:
@@ -307,7 +326,7 @@ def _loaders(cfg: TrainConfig, rec: Records, device: torch.device, info: dist.Di
     padding; the sums are all-reduced), and validation never scores training images."""
     common = dict(device=device, channels_last=cfg.channels_last, resident=cfg.resident,
                   rank=info.rank, world_size=info.world_size)
-    train = make_loader(rec, cfg.train_on, batch_size=cfg.batch_size, seed=cfg.seed,
+    train = make_loader(rec, cfg.train_on, batch_size=cfg.batch_size // info.world_size, seed=cfg.seed,
                         drop_last=cfg.drop_last or cfg.compile,  # compiled: a short batch would recompile
                         augment=cfg.augment, **common)
     val = (make_loader(rec, "val", batch_size=cfg.eval_batch_size, train=False, pad=False, **common)
@@ -319,15 +338,15 @@ def _loaders(cfg: TrainConfig, rec: Records, device: torch.device, info: dist.Di
 
 def start(cfg: TrainConfig, device: torch.device, info: dist.DistInfo, held: contextlib.ExitStack, *,
           resume: resumemod.Resume | None = None, model: torch.nn.Module | None = None,
-          model_factory: dict | None = None, callbacks: Sequence = (), loss_fn: Callable | None = None) -> Run:
+          callbacks: Sequence = (), loss_fn: Callable | None = None) -> Run:
     """The run, ready for its first step: its directory (owned until ``held`` closes), the
     checkpoint it continues from, data, model and optimizer (:func:`build_run`), the observers,
     hooks, saver and signals; then the start-up work outside the timer (``--init-from``, the
     warm-up, the restore of a checkpoint)."""
     resume, run_dir = claim_run_dir(cfg, info, held, resume)
     if resume is not None:
-        resume.check(cfg, info.world_size)
-    run = build_run(cfg, run_dir, device, info, resume, model, model_factory)
+        resume.check(cfg)
+    run = build_run(cfg, run_dir, device, info, resume, model)
     cfg, primary = run.cfg, info.is_primary
     run.loss_fn = loss_fn
     resume_step = (resume.step if resume is not None else 0) if cfg.resume else None
@@ -392,22 +411,21 @@ def headline(run: Run) -> list[str]:
     lines = [f"training {cfg.model} on {run.rec.name} {cfg.train_on} ({run.rec.size(cfg.train_on):,} images, "
              f"{run.rec.num_classes} classes)",
              f"{run.device} {run.precision}{' channels_last' if cfg.channels_last else ''}, "
-             f"{threads} thread{'s' if threads > 1 else ''}, batch {cfg.batch_size * info.world_size} x "
+             f"{threads} thread{'s' if threads > 1 else ''}, batch {cfg.batch_size} x "
              f"{run.total:,} steps ({run.total / max(run.steps_per_epoch, 1):.2f} epochs)",
              f"run directory {display(run.dir.path)}"]
     if info.enabled:
-        lines.append(f"data parallel: {info.world_size} processes ({info.backend}), batch "
-                     f"{cfg.batch_size} per process x {info.world_size} = global batch "
-                     f"{cfg.batch_size * info.world_size}")
+        lines.append(f"data parallel: {info.world_size} processes ({info.backend}), the batch of "
+                     f"{cfg.batch_size} split into {cfg.batch_size // info.world_size} per process: the "
+                     "same steps and schedule as one process")
     return lines
 
 
 def model_info(run: Run) -> ModelInfo:
     """What the model file records of this run: the model, the data, the latest evaluations."""
     info = info_from_records(run.cfg.model, run.rec, dict(run.state.metrics))
-    if run.model_factory:
-        info = dataclasses.replace(info, factory=run.model_factory["factory"],
-                                   factory_kwargs=dict(run.model_factory.get("kwargs") or {}))
+    if is_import_path(run.cfg.model):  # a user's model: how to rebuild it
+        info = dataclasses.replace(info, factory=run.cfg.model, factory_kwargs=dict(run.cfg.model_kwargs or {}))
     return info
 
 
@@ -525,6 +543,7 @@ def check_run_inputs(cfg: TrainConfig, *, check_model: bool = True) -> None:
     name or a valid spec; ``check_model=False`` for a user's own module), the device, the
     ``--init-from`` file, ``--profile-steps``, and the environment variables that stand in for
     settings ($MNISTFLOW_THREADS, $MNISTFLOW_KERNELS...)."""
+    from mnistflow.artifacts.model_file import import_factory
     from mnistflow.kernels import check_environment as check_kernels_environment
     from mnistflow.models import get_entry
     from mnistflow.models.spec import check_spec, looks_like_spec
@@ -532,7 +551,9 @@ def check_run_inputs(cfg: TrainConfig, *, check_model: bool = True) -> None:
     from mnistflow.runtime.device import parse_device
 
     if check_model:
-        if looks_like_spec(cfg.model):
+        if is_import_path(cfg.model):
+            import_factory(cfg.model, None)  # not importable, or not a class or factory: one line
+        elif looks_like_spec(cfg.model):
             check_spec(cfg.model)  # a zero or absurd kernel, stride or width: one line
         else:
             get_entry(cfg.model)  # unknown name: an error listing the known ones

@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import gzip
 import hashlib
+import json
 import http.server
 import threading
 import zipfile
@@ -165,3 +166,75 @@ def test_emnist_zip_is_downloaded_once_for_every_split(tmp_path, monkeypatch):
     assert got == tmp_path / "home" / "raw" / "emnist"
     assert (got / "gzip.zip").read_bytes() == (served / "gzip.zip").read_bytes()
     assert locate(lookup("emnist-digits"), download=False) == got
+
+
+# --- EMNIST's raw files mean the same on every path (issue 38) ------------------------------
+
+def two_letter_files(folder: Path, n: int = 200) -> tuple[np.ndarray, np.ndarray]:
+    """EMNIST-letters' files named as NIST names them, holding two letters that differ only by
+    a transposition: 'a' is an upright L, 'b' that L transposed. Each image is stored
+    transposed, as NIST stores them; a path that forgets to turn them upright swaps a and b.
+    Returns the upright test images and their labels."""
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    out = {}
+    for s in ("train", "test"):
+        y = (np.arange(n) % 2 + 1).astype(np.uint8)  # 1: a, 2: b
+        up = np.stack([np.roll(l_glyph() if v == 1 else l_glyph().T, tuple(rng.integers(-2, 3, 2)), (0, 1))
+                       for v in y])
+        (folder / f"emnist-letters-{s}-images-idx3-ubyte.gz").write_bytes(
+            gzip.compress(idx_bytes(up.transpose(0, 2, 1))))
+        (folder / f"emnist-letters-{s}-labels-idx1-ubyte.gz").write_bytes(gzip.compress(idx_bytes(y)))
+        out[s] = up, y
+    (folder / "emnist-letters-mapping.txt").write_text("".join(f"{i} {64 + i} {96 + i}\n" for i in range(1, 27)))
+    return out["test"]
+
+
+def same_records(a: Path, b: Path) -> None:
+    ra, rb = open_records(a), open_records(b)
+    assert ra.name == rb.name == "emnist-letters" and ra.class_names == rb.class_names
+    for split in ("train", "val", "test"):
+        (xa, ya), (xb, yb) = ra.split(split), rb.split(split)
+        assert (np.asarray(xa) == np.asarray(xb)).all() and (np.asarray(ya) == np.asarray(yb)).all()
+
+
+def test_emnists_raw_files_are_upright_on_every_path(tmp_path):
+    raw = tmp_path / "raw"
+    test_x, test_y = two_letter_files(raw)
+    known = prepare("emnist-letters", raw, tmp_path / "known", quiet=True)  # the known reader
+    x, y = open_records(known).split("test")
+    assert (np.asarray(x)[..., 0] == test_x).all() and (np.asarray(y) + 1 == test_y).all()
+
+    # prep of the raw folder, or of one of its files, without naming the dataset
+    for name, data in (("folder", raw), ("file", raw / "emnist-letters-train-images-idx3-ubyte.gz")):
+        r = run_cli("prep", "--data", str(data), "--out", str(tmp_path / name))
+        assert r.returncode == 0, r.stderr
+        same_records(known, tmp_path / name)
+
+    # train --data, eval --data, predict of the IDX file, report --data
+    run = tmp_path / "run"
+    r = run_cli("train", "--recipe", "softmax", "--data", str(raw), "--run-dir", str(run), "--max-steps", "40",
+                "--no-tensorboard", "--threads", "1", "--quiet", "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["test_acc"] >= 0.95
+    r = run_cli("eval", str(run), "--data", str(raw), "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["acc"] >= 0.95  # transposed images would score ~0: a and b swapped
+    r = run_cli("predict", str(run), str(raw / "emnist-letters-test-images-idx3-ubyte.gz"), "--json")
+    assert r.returncode == 0, r.stderr
+    preds = json.loads(r.stdout)
+    assert len(preds) == len(test_y) and {p["preprocess"] for p in preds} == {"none"}
+    assert np.mean([p["label"] == t for p, t in zip(preds, test_y)]) >= 0.95
+    assert {p["name"] for p in preds} == {"a", "b"}
+    from mnistflow.reporting.run import predict_split
+
+    assert predict_split(run, data=raw).acc >= 0.95
+    r = run_cli("report", str(run), "--data", str(raw), "--out", str(tmp_path / "report"))
+    assert r.returncode == 0, r.stderr
+
+
+def test_a_folder_of_several_emnist_splits_still_asks_which(tmp_path):
+    write_loose(tmp_path / "raw", "letters")
+    write_loose(tmp_path / "raw", "digits")
+    r = run_cli("prep", "--data", str(tmp_path / "raw"), "--out", str(tmp_path / "rec"))
+    assert_one_line_error(r, "holds emnist-", "name the dataset")

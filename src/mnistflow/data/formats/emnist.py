@@ -1,6 +1,7 @@
 """EMNIST: one split read from the published zip (its members read in place) or from the
-split's separate files placed by hand; images turned upright (EMNIST stores them
-transposed); class names from the split's mapping file, else from the known-dataset table.
+split's separate files placed by hand; class names from the split's mapping file, else from
+the known-dataset table. The images come out upright: EMNIST stores them transposed, and the
+IDX reader turns any file of EMNIST's name (``idx.stored_transposed``), on every path.
 """
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ def read_emnist(ds: KnownDataset, folder: Path) -> RawDataset:
         src = files[:4]
         mapping = files[4] if len(files) > 4 else None
     names = read_emnist_mapping(mapping) if mapping is not None else ds.names
-    return idx_dataset(ds.name, *src, names, files, transpose=True)
+    return idx_dataset(ds.name, *src, names, files)  # upright: ``idx.read_idx`` knows the names
 
 
 def read_emnist_mapping(src: Path | ZipMember) -> dict[int, str]:

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from mnistflow.core.errors import MnistflowError, fail
-from mnistflow.data.formats.image import WORK_SIDE, open_picture, shrink
+from mnistflow.data.formats.image import PICTURE_SUFFIXES, WORK_SIDE, open_picture, shrink
 from mnistflow.data.formats.raw import (
     RawDataset,
     RawSplit,
@@ -25,7 +25,6 @@ from mnistflow.data.formats.raw import (
     dataset_from_labels,
 )
 
-IMAGE_EXTS = {".png", ".jpg", ".jpeg", ".bmp"}
 _GREY_MODES = {"1", "L", "LA", "La", "I", "I;16", "I;16B", "I;16L", "I;16N", "F"}
 _TRAIN_NAMES = ("train", "training")
 _TEST_NAMES = ("test", "testing")
@@ -100,8 +99,8 @@ def _class_files(folder: Path) -> list[Path]:
             fail(p, "unexpected folder inside a class folder (expected only images)")
         if not stat.S_ISREG(mode):
             fail(p, "is not a regular file (a FIFO, socket or device?); refusing to read it")
-        if p.suffix.lower() not in IMAGE_EXTS:
-            fail(p, f"not an image file (expected {', '.join(sorted(IMAGE_EXTS))})")
+        if p.suffix.lower() not in PICTURE_SUFFIXES:
+            fail(p, f"not an image file (expected {', '.join(sorted(PICTURE_SUFFIXES))})")
         files.append(p)
     if not files:
         fail(folder, "class folder has no images")

@@ -45,6 +45,9 @@ _CHUNK = 1 << 24
 _ZIP_ERRORS = (zipfile.BadZipFile, zipfile.LargeZipFile, NotImplementedError, RuntimeError,
                EOFError, OSError, zlib.error)
 IDX_NAME = re.compile(r"^(train|t10k|test)[-_.]?(images|labels)[-_.]idx[13]-ubyte(\.gz)?$")
+# EMNIST's image files, by the names NIST publishes them under (in its zip or placed by hand):
+# each image is stored transposed (its rows are the letter's columns)
+EMNIST_IMAGES = re.compile(r"^emnist-[a-z]+-(train|test)-images-idx3-ubyte(\.gz)?$")
 
 
 @dataclass(frozen=True)
@@ -181,12 +184,19 @@ def parse_idx(data: bytes, path: Path | str = "<bytes>") -> np.ndarray:
     return np.frombuffer(data, dtype, offset=header).reshape(shape)
 
 
-def read_idx(path: Path | str | ZipMember, max_bytes: int | None = None, *,
-             transpose: bool = False) -> np.ndarray:
+def stored_transposed(src: Path | str | ZipMember) -> bool:
+    """Whether ``src`` is one of EMNIST's image files (told by its name), whose images are
+    stored transposed: ``read_idx`` turns them upright, so every path that reads one (prep,
+    train and eval ``--data``, predict, report) sees upright letters."""
+    name = src.member.rsplit("/", 1)[-1] if isinstance(src, ZipMember) else Path(src).name
+    return EMNIST_IMAGES.match(name) is not None
+
+
+def read_idx(path: Path | str | ZipMember, max_bytes: int | None = None) -> np.ndarray:
     """Read one IDX(.gz) file (or zip member) into a read-only array, streamed; the declared
     size is checked against what the file can hold and ``max_bytes`` (default
-    ``core.limits.MAX_DATASET_BYTES``) before it is allocated. ``transpose`` swaps the last two axes of
-    every item in place (EMNIST stores its images transposed)."""
+    ``core.limits.MAX_DATASET_BYTES``) before it is allocated. EMNIST's image files
+    (``stored_transposed``) come out upright: the one place that turns them."""
     with open_source(path) as (f, size, gz):
         code, ndim = _header(_read_exact(f, 4), path)
         shape = _shape(_read_exact(f, 4 * ndim), ndim, path)
@@ -220,7 +230,7 @@ def read_idx(path: Path | str | ZipMember, max_bytes: int | None = None, *,
             many = f"more than {_CHUNK:,}" if extra > _CHUNK else str(extra)
             fail(path, f"{many} unexpected trailing bytes after the {shape} array")
     arr = buf.view(dtype).reshape(shape)
-    if transpose:
+    if stored_transposed(path):
         _transpose_items(arr, path)
     arr.flags.writeable = False
     return arr
@@ -236,15 +246,14 @@ def _transpose_items(arr: np.ndarray, path: Path | str | ZipMember) -> None:
         arr[i:i + step] = arr[i:i + step].transpose(0, 2, 1).copy()
 
 
-def read_idx_images(path: Path | str | ZipMember, ranks: tuple[int, ...] = (3, 4), *,
-                    transpose: bool = False) -> np.ndarray:
+def read_idx_images(path: Path | str | ZipMember, ranks: tuple[int, ...] = (3, 4)) -> np.ndarray:
     """An IDX image file (``prep`` and ``predict`` both read them here) as uint8 (N, H, W) or
     (N, H, W, C): of one of ``ranks``, at least one image, no side of size 0 (images of no
     pixels would become records every reader refuses, or predictions made from nothing), and
     pixels by the readers' one rule (``raw.as_pixels``: a float or wider-integer file whose
     values are integers 0..255 is accepted; NaN, fractions such as 0..1 floats, or values
     outside 0..255 are refused)."""
-    x = read_idx(path, transpose=transpose)
+    x = read_idx(path)
     if x.ndim not in ranks:
         want = " or ".join({3: "(N, H, W)", 4: "(N, H, W, C)"}[r] for r in ranks)
         fail(path, f"expected an IDX image file {want}, got shape {x.shape}")
@@ -255,13 +264,11 @@ def read_idx_images(path: Path | str | ZipMember, ranks: tuple[int, ...] = (3, 4
     return as_pixels(x, path, "image data")
 
 
-def read_idx_pair(images: Path | ZipMember, labels: Path | ZipMember, *,
-                  transpose: bool = False) -> tuple[np.ndarray, np.ndarray]:
+def read_idx_pair(images: Path | ZipMember, labels: Path | ZipMember) -> tuple[np.ndarray, np.ndarray]:
     """Images as (N, H, W, 1) uint8 (``read_idx_images``) and labels as (N,) int64, checked
     against each other. A rank-2 integer label file (QMNIST's: one row of facts per image)
-    gives its first column. ``transpose``: the images are stored transposed (EMNIST); they
-    come out upright."""
-    x = read_idx_images(images, transpose=transpose)
+    gives its first column."""
+    x = read_idx_images(images)
     y = read_idx(labels)
     if y.ndim == 2 and y.dtype.kind in "iu" and y.shape[1] >= 1:
         y = y[:, 0]  # QMNIST: column 0 is the class, the others its provenance
@@ -306,13 +313,13 @@ def read_idx_folder(folder: Path, name: str | None = None, class_names: Names = 
 
 def idx_dataset(name: str, images: Path | ZipMember, labels: Path | ZipMember,
                 test_images: Path | ZipMember | None, test_labels: Path | ZipMember | None,
-                names: Names, files: list[Path], *, transpose: bool = False) -> RawDataset:
+                names: Names, files: list[Path]) -> RawDataset:
     """A train pair and an optional test pair of IDX files as a ``RawDataset`` whose classes
     come from the original label values (and ``names``)."""
-    x, y = read_idx_pair(images, labels, transpose=transpose)
+    x, y = read_idx_pair(images, labels)
     test = None
     if test_images is not None and test_labels is not None:
-        tx, ty = read_idx_pair(test_images, test_labels, transpose=transpose)
+        tx, ty = read_idx_pair(test_images, test_labels)
         if tx.shape[1:] != x.shape[1:]:
             fail(test_images, f"test images are {tx.shape[1:]}, train images {x.shape[1:]}")
         test = RawSplit(tx, ty)

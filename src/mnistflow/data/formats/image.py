@@ -51,6 +51,8 @@ def open_picture(src: bytes | os.PathLike | str, where: str | os.PathLike,
         yield img
 
 
+# the picture files mnistflow looks for in a folder (prep's image folders, predict's folders)
+PICTURE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp")
 WORK_SIDE = 1024  # the most pixels a side a picture keeps before it is resized (``shrink``)
 
 
@@ -61,3 +63,15 @@ def shrink(im: Image.Image, side: int = WORK_SIDE) -> Image.Image:
     factor, unlike LANCZOS's tables; what is lost is detail a 28x28 input cannot show anyway."""
     longest = max(im.size)
     return im if longest <= side else im.reduce(math.ceil(longest / side))
+
+
+def working_mode(im: Image.Image) -> Image.Image:
+    """A decoded picture in the mode a picture is prepared from (``data.picture``): ``L`` for
+    grey, ``RGBA`` where it has transparency (a drawing on a transparent canvas keeps its
+    strokes: ``picture.flatten_alpha``), else ``RGB``. ``predict``'s files and the server's
+    uploads both go through it."""
+    if im.mode in ("1", "L", "I", "I;16", "F"):
+        return im.convert("L")
+    if im.mode in ("LA", "La", "RGBA", "RGBa", "PA") or (im.mode == "P" and "transparency" in im.info):
+        return im.convert("RGBA")
+    return im.convert("RGB")

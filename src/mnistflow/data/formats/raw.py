@@ -50,6 +50,8 @@ class RawDataset:
     source_files: list[Path] = field(default_factory=list)
     # the original label value of each class (index i -> label_values[i]); None: 0..K-1
     label_values: tuple[int, ...] | None = None
+    # a validation split given as such (in-memory data's val_data); None: carved from train
+    val: RawSplit | None = None
 
     @property
     def num_classes(self) -> int:

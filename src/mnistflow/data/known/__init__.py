@@ -49,6 +49,9 @@ class KnownDataset:
     mirrors: tuple[str, ...]
     class_names: tuple[str, ...]
     augment: str  # the augmentation policy ``--augment auto`` uses (data/augment.py)
+    # how a picture is made into one of its images (``data.picture.STYLES``): the ink's box
+    # scaled and placed as its images were made, or the whole picture resized (photos)
+    picture: str = "mnist"
     homepage: str = ""
     aliases: tuple[str, ...] = field(default_factory=tuple)
     label_values: tuple[int, ...] = ()  # the label of each class name; () is 0..K-1
@@ -112,7 +115,8 @@ def _emnist(split: str) -> KnownDataset:
     names, values = _EMNIST_NAMES[split]
     return KnownDataset(
         name=f"emnist-{split}", format="emnist", files=(EMNIST_ZIP,), mirrors=EMNIST_MIRRORS,
-        class_names=names, augment="glyphs", label_values=values, folder="emnist", split=split,
+        class_names=names, augment="glyphs", picture="emnist", label_values=values, folder="emnist",
+        split=split,
         homepage="https://www.nist.gov/itl/products-and-services/emnist-dataset",
         aliases=(f"emnist{split}",))
 
@@ -152,6 +156,7 @@ KNOWN: dict[str, KnownDataset] = {
         class_names=("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal",
                      "Shirt", "Sneaker", "Bag", "Ankle boot"),
         augment="clothing",
+        picture="fashion",
         homepage="https://github.com/zalandoresearch/fashion-mnist",
         aliases=("fashion", "fashionmnist", "fmnist"),
     ),
@@ -193,6 +198,7 @@ KNOWN: dict[str, KnownDataset] = {
         class_names=("airplane", "automobile", "bird", "cat", "deer", "dog", "frog",
                      "horse", "ship", "truck"),
         augment="photos",
+        picture="resize",
         homepage="https://www.cs.toronto.edu/~kriz/cifar.html",
         aliases=("cifar-10", "cifar"),
     ),
@@ -235,17 +241,43 @@ HELP = _help()  # "mnist, fashion-mnist, kmnist, qmnist, cifar10, emnist-<split>
 
 def resolve_input(dataset: str | None, data: Path | None) -> tuple[str | None, Path | None]:
     """(dataset, data) as ``--dataset`` / ``--data`` mean them: a bare known name given as
-    ``--data`` (and no such path) is that dataset; no input at all is ``$MNISTFLOW_DATA``,
-    else MNIST."""
+    ``--data`` (and no such path) is that dataset; a folder holding one known dataset's own
+    files, or one of those files, is that dataset in that folder (:func:`owner_of`: EMNIST's
+    split files read as ``prep emnist-<split>`` reads them, whatever the path); no input at
+    all is ``$MNISTFLOW_DATA``, else MNIST."""
     if dataset is None and data is None:
         env = os.environ.get("MNISTFLOW_DATA")
         if env:
             return None, Path(env)
         return "mnist", None
-    if (dataset is None and data is not None and not data.exists() and len(data.parts) == 1
-            and lookup(str(data)) is not None):
-        return str(data), None
+    if dataset is None and data is not None and not data.exists():
+        if len(data.parts) == 1 and lookup(str(data)) is not None:
+            return str(data), None
+    elif dataset is None and data is not None:
+        owner = owner_of(data)
+        if owner is not None:
+            return owner.name, data if data.is_dir() else data.parent
     return dataset, data
+
+
+def _own_files(ds: KnownDataset) -> tuple[str, ...]:
+    """The file names only ``ds`` uses (each starts with its name: EMNIST's split files,
+    QMNIST's), else (): MNIST, Fashion-MNIST and KMNIST share theirs."""
+    names = ds.loose_files if ds.format == "emnist" else tuple(f.name for f in ds.files)
+    return names if all(n.startswith(ds.name + "-") for n in names) else ()
+
+
+def owner_of(path: Path) -> KnownDataset | None:
+    """The known dataset whose own files (:func:`_own_files`) ``path`` is one of (gzipped or
+    not), or, for a folder, holds all of (one dataset only; a folder with several, or
+    EMNIST's zip of every split, names none)."""
+    if path.is_dir():
+        found = [ds for ds in KNOWN.values() if _own_files(ds) and (
+            _loose_emnist(ds, path) is not None if ds.format == "emnist"
+            else all((path / n).is_file() for n in _own_files(ds)))]
+        return found[0] if len(found) == 1 else None
+    return next((ds for ds in KNOWN.values()
+                 if path.name in _own_files(ds) or path.name + ".gz" in _own_files(ds)), None)
 
 
 # --- where the files are ---------------------------------------------------------------------

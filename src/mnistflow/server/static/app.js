@@ -1,8 +1,8 @@
 // mnistflow serve: the draw-a-digit page. No dependencies, nothing loaded from the network.
 //
 // The page sends the raw canvas (PNG) or the uploaded file to POST /api/predict; the server
-// prepares it as MNIST was made (bounding box -> 20x20 -> centre of mass in 28x28, the
-// training data's polarity) and returns the prediction together with the image it used
+// prepares it as the model's dataset images were made (for MNIST: bounding box -> 20x20 ->
+// centre of mass in 28x28, the training data's polarity; data/picture.py) and returns the prediction together with the image it used
 // (?input=1), which is drawn in #seen. One request is in flight at a time; strokes made meanwhile are
 // sent as soon as it returns, so the prediction follows the pen.
 //
@@ -168,7 +168,10 @@
       r.row.classList.toggle("top", k === top);
     });
     drawSeen(res.input);
-    const how = { mnist: "MNIST-style preparation", resize: "resized", none: "used as is" }[res.preprocess] || res.preprocess;
+    const how = {
+      mnist: "MNIST-style preparation", emnist: "EMNIST-style preparation",
+      fashion: "Fashion-MNIST-style preparation", resize: "resized", none: "used as is",
+    }[res.preprocess] || res.preprocess;
     $("latency").textContent = `${res.latency_ms.toFixed(1)} ms on the server · ${how}`;
   }
 

@@ -64,7 +64,7 @@ class FinalizeGuard:
         return False
 
     def on_step_end(self, step: int, logs: dict) -> None:
-        if "loss" not in logs:  # logged steps only: the comparison walks every parameter
+        if "loss" not in logs:  # checked on logged steps only (the loop's cheap steps skip it)
             return
         now = self._state()
         if now != self.snapshot:

@@ -108,7 +108,7 @@ class MemoryWatch:
         self.near_limit_warned = False
 
     def on_step_end(self, step: int, logs: dict) -> dict | None:
-        if "loss" not in logs:  # logged steps only: a sample costs tens of microseconds
+        if "loss" not in logs:  # measured on logged steps only
             return None
         r = rss_mb()
         self.points.append((step, in_use_mb(self.device)))

@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 
 from mnistflow.core.errors import os_error
+from mnistflow.training.hooks import EPOCH_KEYS
 
 
 class MetricsFile:
@@ -31,7 +32,7 @@ class MetricsFile:
             raise os_error(e, self.path) from e
 
     def on_step_end(self, step: int, logs: dict) -> None:
-        if "loss" in logs:  # a logged step (the others carry no measured scalars)
+        if "loss" in logs:  # logged steps (the measured scalars) only
             self.write("train", step, logs)
 
     def on_validation_end(self, step: int, logs: dict) -> None:
@@ -39,8 +40,9 @@ class MetricsFile:
         self.write(split, step, {k: v for k, v in logs.items() if k not in (f"{split}_acc", f"{split}_loss")})
 
     def on_epoch_end(self, epoch: int, logs: dict) -> None:
-        if set(logs) - {"epoch", "step"}:  # only when a hook returned scalars
-            self.write("epoch", logs["step"], logs)
+        extra = {k: v for k, v in logs.items() if k not in EPOCH_KEYS}
+        if extra:  # the scalars a hook returned (the loop's own numbers are written already)
+            self.write("epoch", logs["step"], {"epoch": epoch, **extra})
 
     def close(self) -> None:
         self._f.close()

@@ -21,7 +21,7 @@ class StarvationWatch:
         self.message = ""
 
     def on_step_end(self, step: int, logs: dict) -> None:
-        if "data_wait_frac" not in logs:  # not a logged step
+        if "data_wait_frac" not in logs:  # an unlogged step: nothing measured
             return
         self.recent.append(logs["data_wait_frac"])
         if not self.queued or self.warned or len(self.recent) < self.window:

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from mnistflow.core.log import warn
+from mnistflow.training.hooks import EPOCH_KEYS
 from mnistflow.training.observe.tracking import EVAL_KEYS, TRAIN_OTHER, TRAIN_TAGS, extras, final_figures, hparams
 
 if TYPE_CHECKING:
@@ -63,7 +64,7 @@ class TensorBoardLogger:
 
     def on_step_end(self, step: int, logs: dict) -> None:
         w = self.writer
-        if w is None or "loss" not in logs:  # a step without measured scalars: nothing to draw
+        if w is None or "loss" not in logs:  # logged steps (the measured scalars) only
             return
         self._scalars(w, step, {tag: logs[k] for k, tag in TRAIN_TAGS.items() if k in logs})
         self._scalars(w, step, extras(logs, TRAIN_TAGS.keys() | TRAIN_OTHER))
@@ -79,7 +80,7 @@ class TensorBoardLogger:
     def on_epoch_end(self, epoch: int, logs: dict) -> None:
         w = self.writer
         if w is not None:
-            self._scalars(w, logs["step"], extras(logs, {"epoch", "step"}))
+            self._scalars(w, logs["step"], extras(logs, set(EPOCH_KEYS)))  # a hook's (the rest is written)
 
     def on_train_end(self, logs: dict) -> None:
         """The final figures (``run/wall_s``, ``run/test_acc``...) and the session's end."""
