@@ -22,8 +22,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from mnistflow.core.log import warn
-from mnistflow.training.hooks import EPOCH_KEYS
-from mnistflow.training.observe.tracking import EVAL_KEYS, TRAIN_OTHER, TRAIN_TAGS, extras, final_figures, hparams
+from mnistflow.training.observe.tracking import epoch_scalars, eval_scalars, final_figures, hparams, step_scalars
 
 if TYPE_CHECKING:
     from tensorboard.compat.proto.config_pb2 import RunMetadata
@@ -66,21 +65,17 @@ class TensorBoardLogger:
         w = self.writer
         if w is None or "loss" not in logs:  # logged steps (the measured scalars) only
             return
-        self._scalars(w, step, {tag: logs[k] for k, tag in TRAIN_TAGS.items() if k in logs})
-        self._scalars(w, step, extras(logs, TRAIN_TAGS.keys() | TRAIN_OTHER))
+        self._scalars(w, step, step_scalars(logs))
 
     def on_validation_end(self, step: int, logs: dict) -> None:
         w = self.writer
-        if w is None:
-            return
-        split = logs["split"]
-        self._scalars(w, step, {f"{split}/loss": logs["loss"], f"{split}/acc": logs["acc"]})
-        self._scalars(w, step, extras(logs, EVAL_KEYS | {f"{split}_acc", f"{split}_loss"}))
+        if w is not None:
+            self._scalars(w, step, eval_scalars(logs))
 
     def on_epoch_end(self, epoch: int, logs: dict) -> None:
         w = self.writer
         if w is not None:
-            self._scalars(w, logs["step"], extras(logs, set(EPOCH_KEYS)))  # a hook's (the rest is written)
+            self._scalars(w, logs["step"], epoch_scalars(logs))
 
     def on_train_end(self, logs: dict) -> None:
         """The final figures (``run/wall_s``, ``run/test_acc``...) and the session's end."""
