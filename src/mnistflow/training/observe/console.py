@@ -12,7 +12,7 @@ Which rows stay (the rule):
 * inside a long epoch, on a terminal: a logged step once ``keep_every_s`` (60 s) have passed
   since the row before, so a long epoch leaves a row a minute, never more than one per log
   interval;
-* when stdout is no terminal (logs, pipes, CI): every logged step (``--log-every``), as before.
+* when stdout is no terminal (logs, pipes, CI): every logged step (``--log-every``).
 
 A validation pass of another step, and every test pass, gets its own line. On a terminal the
 bar with its ETA (``observe.train_bar``, on stderr) shows the live progress below the rows;

@@ -2,7 +2,7 @@
 
     mnistflow train --recipe fast --mlflow                  # $MLFLOW_TRACKING_URI, else MLflow's default
     mnistflow train --recipe fast --mlflow http://127.0.0.1:5000
-    mnistflow.train("fast", callbacks=[mnistflow.MLflowLogger("sqlite:///mlflow.db")])
+    mnistflow.train(recipe="fast", callbacks=[mnistflow.MLflowLogger("sqlite:///mlflow.db")])
 
 A hook (``training.hooks``), on rank 0 only. It records, under the names TensorBoard uses
 (``observe.tracking``): the run's hyperparameters (params), each logged step's and each
