@@ -274,15 +274,24 @@ def _add_models(sub) -> None:
 
 
 def _run_models(a) -> int:
+    import textwrap
+
+    from mnistflow.core.progress import columns
     from mnistflow.models import get_entry, list_models, parameter_count
     from mnistflow.models.ensemble import MAX_MEMBERS
 
     shape = (a.channels, *a.input)
     print(f"{'model':<14} {'params':>11}  description (input {shape[1]}x{shape[2]}x{shape[0]}, {a.classes} classes)")
-    for name in list_models():
-        print(f"{name:<14} {parameter_count(name, shape, a.classes):>11,}  {get_entry(name).description}")
-    print(f"{'NAME-xK':<14} {'K x NAME':>11}  an ensemble of K NAMEs (2-{MAX_MEMBERS}) trained as one model, "
-          "their probabilities averaged (e.g. fast-wide-x4)")
+    rows = [(name, f"{parameter_count(name, shape, a.classes):,}", get_entry(name).description)
+            for name in list_models()]
+    rows.append(("NAME-xK", "K x NAME", f"An ensemble of K NAMEs (2-{MAX_MEMBERS}) trained as one model, "
+                                        "their probabilities averaged (e.g. fast-wide-x4)"))
+    width = max(columns(sys.stdout), 60) - 28  # the description column: what the terminal leaves
+    for name, params, text in rows:
+        lines = textwrap.wrap(text.replace("``", "'"), width, break_on_hyphens=False) or [""]  # rST ``x``: 'x'
+        print(f"{name:<14} {params:>11}  {lines[0]}")
+        for line in lines[1:]:
+            print(" " * 28 + line)
     return 0
 
 

@@ -323,6 +323,11 @@ class TrainConfig:
     init_only: str | None = setting(
         None, "model", "glob(s), comma separated, of the names --init-from restores (e.g. 'conv*')", kind=str)
     tensorboard: bool = setting(True, "logging", f"write TensorBoard event files (RUN/{rundir.TENSORBOARD})")
+    mlflow: str | None = setting(
+        None, "logging", "log the run to MLflow (settings, metrics, model file) at URI: a server "
+                         "(http://host:5000), a database (sqlite:///mlflow.db); auto, or no URI: "
+                         "$MLFLOW_TRACKING_URI, else MLflow's default (pip install 'mnistflow[mlflow]')",
+        kind=str, flag=dict(nargs="?", const="auto", metavar="URI"))
     json: bool = setting(False, "logging", "print a JSON summary of the run as the last line")
     quiet: bool = setting(
         False, "logging", "no progress lines or warnings on the console (warnings stay in summary.json)")
