@@ -21,6 +21,7 @@ _API = {
     "train": ("mnistflow.training.api", "train"),
     "EarlyStopping": ("mnistflow.training.callbacks", "EarlyStopping"),
     "CSVLogger": ("mnistflow.training.callbacks", "CSVLogger"),
+    "MLflowLogger": ("mnistflow.training.observe.mlflow_tracker", "MLflowLogger"),
     "StopTraining": ("mnistflow.training.hooks", "StopTraining"),
     "diagnose": ("mnistflow.doctor", "diagnose"),
     "fit": ("mnistflow.training.loop", "fit"),

@@ -10,6 +10,7 @@ Every ``MnistflowError`` becomes one line ``mnistflow: error: ...`` and exit cod
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
 import sys
 from pathlib import Path
@@ -23,8 +24,33 @@ PROG = "mnistflow"
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:  # one line, no usage dump
-        sys.stderr.write(f"{PROG}: error: {one_line(message)} (see '{self.prog} --help')\n")
+        sys.stderr.write(f"{PROG}: error: {one_line(message)}{self._hint(message)} (see '{self.prog} --help')\n")
         raise SystemExit(2)
+
+    def _hint(self, message: str) -> str:
+        """For unknown flags, the flags they most likely mean (``--learning-rate`` -> ``--lr``)."""
+        if not message.startswith("unrecognized arguments: "):
+            return ""
+        from mnistflow.training.config import suggest
+
+        known = set(self._option_string_actions)
+        for action in self._actions:  # the verbs' flags: the leftovers are reported up here
+            if isinstance(action, argparse._SubParsersAction):
+                for sub in action.choices.values():
+                    known |= set(sub._option_string_actions)
+        hints = []
+        for arg in message.split(": ", 1)[1].split():
+            flag = arg.split("=", 1)[0]
+            if not flag.startswith("--"):
+                continue
+            setting = suggest(flag[2:])
+            guess = (f"--{setting.replace('_', '-')}" if setting else None)
+            if guess not in known:
+                close = difflib.get_close_matches(flag, sorted(known), n=1, cutoff=0.75)
+                guess = close[0] if close else None
+            if guess:
+                hints.append(f"{flag} -> {guess}")
+        return f" (did you mean: {', '.join(hints)}?)" if hints else ""
 
 
 def _int_in(low: int, high: int):
@@ -248,15 +274,24 @@ def _add_models(sub) -> None:
 
 
 def _run_models(a) -> int:
+    import textwrap
+
+    from mnistflow.core.progress import columns
     from mnistflow.models import get_entry, list_models, parameter_count
     from mnistflow.models.ensemble import MAX_MEMBERS
 
     shape = (a.channels, *a.input)
     print(f"{'model':<14} {'params':>11}  description (input {shape[1]}x{shape[2]}x{shape[0]}, {a.classes} classes)")
-    for name in list_models():
-        print(f"{name:<14} {parameter_count(name, shape, a.classes):>11,}  {get_entry(name).description}")
-    print(f"{'NAME-xK':<14} {'K x NAME':>11}  an ensemble of K NAMEs (2-{MAX_MEMBERS}) trained as one model, "
-          "their probabilities averaged (e.g. fast-wide-x4)")
+    rows = [(name, f"{parameter_count(name, shape, a.classes):,}", get_entry(name).description)
+            for name in list_models()]
+    rows.append(("NAME-xK", "K x NAME", f"An ensemble of K NAMEs (2-{MAX_MEMBERS}) trained as one model, "
+                                        "their probabilities averaged (e.g. fast-wide-x4)"))
+    width = max(columns(sys.stdout), 60) - 28  # the description column: what the terminal leaves
+    for name, params, text in rows:
+        lines = textwrap.wrap(text.replace("``", "'"), width, break_on_hyphens=False) or [""]  # rST ``x``: 'x'
+        print(f"{name:<14} {params:>11}  {lines[0]}")
+        for line in lines[1:]:
+            print(" " * 28 + line)
     return 0
 
 

@@ -83,6 +83,19 @@ def data_delay(setup: ModuleType, seconds: float, setattr: Setter = setattr) -> 
     setattr(setup, "make_loader", make_loader)
 
 
+@fault("mnistflow.training.observe.mlflow_tracker")
+def mlflow_missing(tracker: ModuleType, _value: Any = True, setattr: Setter = setattr) -> None:
+    """As on a machine without MLflow: the tracker's look-up for the package finds nothing."""
+    from types import SimpleNamespace
+
+    real = tracker.importlib.util.find_spec
+
+    def find_spec(name: str, *args):
+        return None if name.partition(".")[0] == "mlflow" else real(name, *args)
+
+    setattr(tracker, "importlib", SimpleNamespace(util=SimpleNamespace(find_spec=find_spec)))
+
+
 # --- how they get in ----------------------------------------------------------------------------
 
 def apply(name: str, value: Any, setattr: Setter = setattr) -> None:

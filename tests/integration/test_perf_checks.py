@@ -77,7 +77,7 @@ def test_finalize_guard_names_the_layer_created_in_forward(mnist_records, tmp_pa
     g = FinalizeGuard(m)
     m.weight = torch.nn.Parameter(torch.zeros(2, 2))
     with pytest.raises(MnistflowError, match="replaced param weight"):
-        g.on_step_end(7, {"loss": 0.5})
+        g.on_step_end(7, {"loss": 1.0})  # a logged step
 
 
 def test_leak_is_reported_with_growth_per_step(mnist_records, tmp_path, capsys, plant_model):

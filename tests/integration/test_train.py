@@ -10,6 +10,7 @@ from safetensors.torch import load_file
 from helpers.cli import assert_one_line_error, run_cli
 from mnistflow.core.errors import MnistflowError
 from mnistflow.core.choices import OPTIMIZERS, SCHEDULES
+from mnistflow.training.config import load_toml
 from mnistflow.training.optim import lr_factor
 from mnistflow.training.api import train
 
@@ -75,6 +76,21 @@ def test_run_directory_and_json(mnist_records, tmp_path):
             "pipeline/data_wait_frac"} <= tags
     assert [e.step for e in ea.Scalars("train/loss")] == [40, 80, 120]
     assert ea.Tags()["graph"]  # the model graph
+    # the HPARAMS tab: the session's start carries the settings, its end the status, and the
+    # run's own scalars beside them are its figures (the metric columns)
+    from tensorboard.plugins.hparams import api_pb2, metadata
+
+    hp = ea.PluginTagToContent("hparams")
+    start = metadata.parse_session_start_info_plugin_data(hp[metadata.SESSION_START_INFO_TAG])
+    settings = {k: getattr(v, v.WhichOneof("kind")) for k, v in start.hparams.items()}
+    assert settings["model"] == "softmax" and settings["batch_size"] == 100 and settings["max_steps"] == 120
+    config = load_toml(run / "config.toml")
+    assert settings["lr"] == pytest.approx(config["lr"]) and settings["seed"] == config["seed"]
+    assert not {"run_dir", "quiet", "json", "tensorboard"} & set(settings)
+    end = metadata.parse_session_end_info_plugin_data(hp[metadata.SESSION_END_INFO_TAG])
+    assert end.status == api_pb2.STATUS_SUCCESS
+    assert ea.Scalars("test/acc")[-1].value == pytest.approx(summary["test_acc"])
+    assert ea.Scalars("run/wall_s")[-1].value == pytest.approx(summary["wall_s"])
     assert set(load_file(str(run / "model.safetensors"))) == {"fc1.weight", "fc1.bias"}
     # eval reads the run directory and agrees with the run's own test accuracy
     ev = run_cli("eval", str(run), "--json")

@@ -484,3 +484,20 @@ def test_predict_and_export_read_mnistflow_threads_as_eval_and_train_do(monkeypa
     argv = [verb, str(tmp_path / "run"), *(["x.png"] if verb == "predict" else ["--format", "npz"])]
     assert cli.main(argv) == 2
     assert "MNISTFLOW_THREADS must be an integer from 1 to 1024 (or unset), got 'abc'" in one_line_error(capsys)
+
+
+# --- a mistyped or foreign name gets the setting it most likely means --------------------------
+
+def test_unknown_flags_and_keys_name_the_setting_they_likely_mean(capsys, tmp_path):
+    with pytest.raises(SystemExit) as e:
+        cli.main(["train", "--learning-rate", "0.1", "--bacth-size", "64", "--no-such-thing"])
+    assert e.value.code == 2
+    line = one_line_error(capsys)
+    assert "unrecognized arguments: --learning-rate 0.1 --bacth-size 64 --no-such-thing" in line
+    assert "(did you mean: --learning-rate -> --lr, --bacth-size -> --batch-size?)" in line
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("max_epochs = 3\nbatchsize = 64\nzzz = 1\n")
+    with pytest.raises(MnistflowError) as e:
+        load_toml(cfg)
+    assert str(e.value) == (f"{cfg}: unknown configuration key(s): batchsize, max_epochs, zzz "
+                            "(did you mean: batchsize -> batch_size, max_epochs -> epochs?)")

@@ -193,14 +193,18 @@ def test_the_console_keeps_its_lines_and_adds_nothing_when_not_a_terminal():
     run_hooks(ConsoleLogger(130, stream=out, bar_stream=err))
     assert err.getvalue() == ""
     shown = out.getvalue().splitlines()
-    assert [ln.split()[3] for ln in shown[:3]] == ["50/130", "100/130", "130/130"]
-    assert shown[3].startswith("val ") and len(shown) == 4
+    assert shown[0].split() == ["epoch", "step", "loss", "acc", "val_loss", "val_acc", "img/s", "data", "wait"]
+    assert [ln.split()[1] for ln in shown[1:]] == ["50", "100", "130"]  # a row per logged step
+    # the last one (the run's end) holds the validation pass of its step, in place of its own line
+    assert shown[3].split()[-4:-2] == ["0.2000", "95.00%"] and len(shown) == 4
 
 
 def test_on_a_terminal_the_bar_stands_for_the_in_place_line(monkeypatch):
     monkeypatch.setenv("COLUMNS", "80")
     out, err = FakeTTY(), FakeTTY()
     run_hooks(ConsoleLogger(130, stream=out, bar_stream=err))
-    assert "/130" not in out.getvalue()  # no \r progress line under the bar
-    assert out.getvalue().startswith("val ")  # the evaluation is printed, above the bar
+    assert "\r" not in out.getvalue()  # no in-place row under the bar
+    shown = out.getvalue().splitlines()  # the header and the run's one row (shorter than a minute)
+    assert shown[0].split()[:2] == ["epoch", "step"] and shown[1].split()[:2] == ["0.50", "130"]
+    assert len(shown) == 2
     assert "130/130" in err.getvalue() and all(len(ln) <= 80 for ln in lines(err.getvalue()))

@@ -2,7 +2,8 @@
 
 Every warning or note mnistflow prints goes through :func:`warn` or :func:`note`, so:
 
-* the CLI shows each as one line on stderr (``mnistflow: warning: <what>``);
+* the CLI shows each as one line on stderr (``mnistflow: warning: <what>``), wrapped at words
+  on a terminal (``core.progress.fit``);
 * a library user's own logging configuration controls them (``logging.getLogger("mnistflow")``),
   and ``quiet=True`` silences them (:func:`quiet`);
 * under torchrun only rank 0 emits them (the other ranks would repeat every line);
@@ -17,7 +18,7 @@ import os
 import sys
 from typing import Iterator, TextIO
 
-from mnistflow.core.progress import above_bars
+from mnistflow.core.progress import above_bars, fit
 
 LOGGER = logging.getLogger("mnistflow")
 _records: list[list[str]] = []  # a stack: one list per open ``recording()``
@@ -52,6 +53,9 @@ class _Stderr(logging.StreamHandler):
     @stream.setter
     def stream(self, _value: TextIO) -> None:
         pass
+
+    def format(self, record: logging.LogRecord) -> str:
+        return fit(super().format(record), self.stream)  # wrapped at words on a terminal
 
     def emit(self, record: logging.LogRecord) -> None:
         with above_bars(self.stream):  # a progress bar showing: the line goes above it

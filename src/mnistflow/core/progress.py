@@ -134,11 +134,29 @@ def stages(names: Sequence[str], desc: str, enabled: bool = True, *,
 
 
 def write(text: str, stream: IO | None = None) -> None:
-    """Print ``text`` as a line on ``stream`` (stdout by default), above any bar showing."""
+    """Print ``text`` as a line on ``stream`` (stdout by default), above any bar showing; on a
+    terminal, wrapped at words to its width (:func:`fit`)."""
     stream = sys.stdout if stream is None else stream
     with above_bars(stream):
-        stream.write(text + "\n")
+        stream.write(fit(text, stream) + "\n")
         stream.flush()
+
+
+def fit(text: str, stream: IO | None) -> str:
+    """``text`` as it should show on ``stream``: on a terminal, each line longer than the
+    terminal is wrapped at spaces, its continuation indented by 2 (a terminal would cut it
+    mid-word); a single word longer than a line (a path) is not cut. Elsewhere (logs, pipes)
+    unchanged: one line stays one line, for grep."""
+    if not is_terminal(stream):
+        return text
+    width = columns(stream)
+    if all(len(line) <= width for line in text.split("\n")):
+        return text
+    import textwrap
+
+    return "\n".join(textwrap.fill(line, width, subsequent_indent="  ", break_long_words=False,
+                                   break_on_hyphens=False) if len(line) > width else line
+                     for line in text.split("\n"))
 
 
 def above_bars(stream: IO) -> contextlib.AbstractContextManager:

@@ -1,6 +1,7 @@
 """Register models by name with a decorator; create them by name or from a spec string."""
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 from typing import Callable, TypeVar, overload
 
@@ -15,7 +16,7 @@ from mnistflow.models.ensemble import MAX_MEMBERS, Ensemble, parse_name
 class ModelEntry:
     name: str
     factory: Callable[..., nn.Module]  # factory(in_shape=(C, H, W), num_classes=K) -> module
-    description: str
+    description: str  # the first paragraph of the factory's docstring, on one line
 
 
 _REGISTRY: dict[str, ModelEntry] = {}
@@ -34,8 +35,8 @@ def register_model(fn: _Factory | None = None, *,
         key = name or f.__name__.replace("_", "-")
         if key in _REGISTRY:
             raise ValueError(f"model '{key}' registered twice")
-        doc = (f.__doc__ or "").strip().splitlines()
-        _REGISTRY[key] = ModelEntry(key, f, doc[0] if doc else "")
+        summary = inspect.cleandoc(f.__doc__ or "").split("\n\n")[0]  # the first paragraph
+        _REGISTRY[key] = ModelEntry(key, f, " ".join(summary.split()))
         return f
 
     return wrap(fn) if fn is not None else wrap

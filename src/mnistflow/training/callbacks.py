@@ -13,10 +13,11 @@
                                        mnistflow.CSVLogger("runs/log.csv")])
 
 A callback is any object with some of the hook methods of ``mnistflow.training.hooks`` (the
-protocol, documented there): on_train_start, on_step_end (logged steps only), on_validation_end,
-on_epoch_end, on_train_end, each taking any of the keywords step, epoch and logs. What a method
-returns, ``{name: number}``, is logged at that step; raising ``StopTraining("reason")`` ends the
-run there (final test, model saved, ``summary["stop_reason"]`` = the reason).
+protocol, documented there): on_train_start, on_step_end (every step; the measured scalars on
+logged steps), on_validation_end, on_epoch_end, on_train_end, each taking any of the keywords
+step, epoch and logs. What a method returns, ``{name: number}``, is logged at that step;
+raising ``StopTraining("reason")`` ends the run there (final test, model saved,
+``summary["stop_reason"]`` = the reason).
 """
 from __future__ import annotations
 

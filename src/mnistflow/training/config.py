@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import json
 import math
 from collections.abc import Callable
@@ -322,6 +323,11 @@ class TrainConfig:
     init_only: str | None = setting(
         None, "model", "glob(s), comma separated, of the names --init-from restores (e.g. 'conv*')", kind=str)
     tensorboard: bool = setting(True, "logging", f"write TensorBoard event files (RUN/{rundir.TENSORBOARD})")
+    mlflow: str | None = setting(
+        None, "logging", "log the run to MLflow (settings, metrics, model file) at URI: a server "
+                         "(http://host:5000), a database (sqlite:///mlflow.db); auto, or no URI: "
+                         "$MLFLOW_TRACKING_URI, else MLflow's default (pip install 'mnistflow[mlflow]')",
+        kind=str, flag=dict(nargs="?", const="auto", metavar="URI"))
     json: bool = setting(False, "logging", "print a JSON summary of the run as the last line")
     quiet: bool = setting(
         False, "logging", "no progress lines or warnings on the console (warnings stay in summary.json)")
@@ -396,10 +402,27 @@ def check_target_split(cfg: TrainConfig, holds: Callable[[str], bool], where: st
                          "do not hold" + (f": add --target-split {other}" if holds(other) else ""), where)
 
 
+# Other frameworks' names for settings mnistflow has under another name (for "did you mean")
+_OTHER_NAMES = {"learning_rate": "lr", "max_epochs": "epochs", "num_epochs": "epochs", "bs": "batch_size",
+                "train_batch_size": "batch_size", "optim": "optimizer", "scheduler": "schedule",
+                "lr_scheduler": "schedule", "max_iters": "max_steps", "num_workers": "threads"}
+
+
+def suggest(key: str) -> str | None:
+    """The setting a mistyped or foreign ``key`` most likely means (``learning_rate`` -> ``lr``)."""
+    key = key.replace("-", "_")
+    if key in _OTHER_NAMES:
+        return _OTHER_NAMES[key]
+    close = difflib.get_close_matches(key, FIELDS, n=1, cutoff=0.75)
+    return close[0] if close else None
+
+
 def _check_keys(d: dict, where: str) -> None:
     unknown = sorted(set(d) - set(FIELDS))
     if unknown:
-        raise MnistflowError(f"unknown configuration key(s): {', '.join(unknown)}", where)
+        hints = [f"{k} -> {suggest(k)}" for k in unknown if suggest(k)]
+        raise MnistflowError(f"unknown configuration key(s): {', '.join(unknown)}"
+                             + (f" (did you mean: {', '.join(hints)}?)" if hints else ""), where)
 
 
 def merge(recipe: dict | None = None, file: dict | None = None, flags: dict | None = None, *,

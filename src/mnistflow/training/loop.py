@@ -283,6 +283,8 @@ def finish(run: Run, clock: Clock, warned: list[str]) -> dict:
     summary["warnings"] = warned  # the list itself: a warning of the steps below is in it too
     summary["kernels"] = kernels.used()
     summary["cuda_graph"] = isinstance(run.step_fn, GraphedStep) and run.step_fn.graph is not None
+    if run.info.is_primary:  # before on_train_end: a hook may read or upload it (MLflowLogger)
+        save_model(run.dir.model, run.raw_model, model_info(run))
     run.hooks.call("on_train_end", step=state.step, epoch=state.epoch, logs=summary)
     if run.info.is_primary:
         _write_outputs(run, summary)
@@ -290,8 +292,7 @@ def finish(run: Run, clock: Clock, warned: list[str]) -> dict:
 
 
 def _write_outputs(run: Run, summary: dict) -> None:
-    """Rank 0: the model file, the graph in TensorBoard, summary.json, the end-of-run table."""
-    save_model(run.dir.model, run.raw_model, model_info(run))
+    """Rank 0: the graph in TensorBoard, summary.json, the end-of-run table."""
     tb = next((w for w in run.observers.writers if hasattr(w, "add_graph")), None)
     if tb is not None:
         tb.add_graph(run.raw_model.eval(), next(iter(run.val_loader or run.test_loader))[0][:1])

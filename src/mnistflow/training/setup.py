@@ -405,12 +405,15 @@ def _restore(run: Run, resume: resumemod.Resume) -> None:
 
 
 def headline(run: Run) -> list[str]:
-    """What the run is about to do (the console's first lines)."""
+    """What the run is about to do (the console's first lines, each within 80 columns)."""
     cfg, info = run.cfg, run.info
+    threads = torch.get_num_threads()
     lines = [f"training {cfg.model} on {run.rec.name} {cfg.train_on} ({run.rec.size(cfg.train_on):,} images, "
-             f"{run.rec.num_classes} classes) | {run.device} {run.precision}"
-             f"{' channels_last' if cfg.channels_last else ''} threads={torch.get_num_threads()} | "
-             f"batch {cfg.batch_size} x {run.total} steps | {run.dir.path}"]
+             f"{run.rec.num_classes} classes)",
+             f"{run.device} {run.precision}{' channels_last' if cfg.channels_last else ''}, "
+             f"{threads} thread{'s' if threads > 1 else ''}, batch {cfg.batch_size} x "
+             f"{run.total:,} steps ({run.total / max(run.steps_per_epoch, 1):.2f} epochs)",
+             f"run directory {display(run.dir.path)}"]
     if info.enabled:
         lines.append(f"data parallel: {info.world_size} processes ({info.backend}), the batch of "
                      f"{cfg.batch_size} split into {cfg.batch_size // info.world_size} per process: the "
@@ -452,11 +455,13 @@ class Observers:
     def close(self) -> None:
         for w in self.writers:
             w.close()
+        if self.profiler is not None:  # (stderr back to itself after a failure in the window)
+            self.profiler.close()
 
 
 def rank_zero_observers(run: Run, console: ConsoleLogger, resume_step: int | None) -> Observers:
-    """The one place that decides what rank 0 alone does: metrics file, TensorBoard, memory
-    and input watches, profiler. Other ranks get none (and a quiet console)."""
+    """The one place that decides what rank 0 alone does: metrics file, TensorBoard, MLflow,
+    memory and input watches, profiler. Other ranks get none (and a quiet console)."""
     if not run.info.is_primary:
         return Observers()
     cfg = run.cfg
@@ -470,10 +475,15 @@ def rank_zero_observers(run: Run, console: ConsoleLogger, resume_step: int | Non
         from mnistflow.training.observe.profiler import ProfilerHook, parse_steps
 
         profiler = ProfilerHook(run.dir.profile, *parse_steps(cfg.profile_steps), run.device)
+    mlflow = None
+    if cfg.mlflow:
+        from mnistflow.training.observe.mlflow_tracker import MLflowLogger
+
+        mlflow = MLflowLogger(None if cfg.mlflow == "auto" else cfg.mlflow)
     # the memory watch first: it adds rss_mb to the logs the others print and write
     first = [MemoryWatch(run.device), StarvationWatch(queued=isinstance(run.train_loader, StreamLoader)),
              console]
-    return Observers(first, [w for w in (metrics, tb) if w is not None], profiler)
+    return Observers(first, [w for w in (metrics, tb, mlflow) if w is not None], profiler)
 
 
 def warm_up(run: Run) -> None:
@@ -554,6 +564,10 @@ def check_run_inputs(cfg: TrainConfig, *, check_model: bool = True) -> None:
         from mnistflow.training.observe.profiler import parse_steps
 
         parse_steps(cfg.profile_steps)
+    if cfg.mlflow:
+        from mnistflow.training.observe.mlflow_tracker import check_available
+
+        check_available()  # not installed: one line now, not after the setup
     check_environment()
     check_kernels_environment()
 

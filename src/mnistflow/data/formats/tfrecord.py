@@ -5,9 +5,8 @@ uint32 masked CRC32C of the data (all little-endian). Both CRCs are checked. A f
 be gzip-compressed (``.gz`` or gzip magic bytes). The data is a protobuf ``Example``:
 ``Features features = 1`` -> ``map<string, Feature> feature = 1`` -> one of
 ``BytesList bytes_list = 1``, ``FloatList float_list = 2``, ``Int64List int64_list = 3``
-(packed or not). Only the wire format is needed, decoded here by hand: TensorBoard's protos (a
-dependency) lack ``Example``, and TensorFlow or the ``tfrecord`` package would add a large
-install (and, for the latter, its own unbounded reads) for three message types. (The tests' writer,
+(packed or not), decoded by protobuf (installed with TensorBoard) from a descriptor built here:
+TensorBoard's protos lack ``Example``, and TensorFlow would be a large install for it. (The tests' writer,
 the inverse of this reader, lives in ``tests/helpers/tfrecord_writer.py``.)
 
 Images: the ``image_key`` feature holds encoded PNG/JPEG bytes, or raw uint8 pixels whose
@@ -19,6 +18,7 @@ dataset; files whose names contain "test" are the test split.
 """
 from __future__ import annotations
 
+import functools
 import io
 import os
 import struct
@@ -196,131 +196,61 @@ def _file_frames(path: Path) -> list[bytes]:
         return _frames(f, None if gz else size, path)
 
 
-# --- protobuf wire format ------------------------------------------------------------------
+# --- tf.train.Example, by protobuf ---------------------------------------------------------
 
-class _Bad(ValueError):
-    pass
-
-
-def _varint(b: bytes, pos: int, end: int) -> tuple[int, int]:
-    result = shift = 0
-    while True:
-        if pos >= end:
-            raise _Bad("truncated varint")
-        c = b[pos]
-        pos += 1
-        result |= (c & 0x7F) << shift
-        if c < 0x80:
-            return result & 0xFFFFFFFFFFFFFFFF, pos
-        shift += 7
-        if shift >= 70:
-            raise _Bad("varint longer than 10 bytes")
+_KINDS = {"bytes_list": "bytes", "float_list": "float", "int64_list": "int64"}
 
 
-def _fields(b: bytes, pos: int, end: int):
-    """Yield (field number, wire type, value): an int for varints, else a (start, end) span."""
-    while pos < end:
-        key = b[pos]  # one-byte varints inline: the common case, and much faster
-        if key < 0x80:
-            pos += 1
-        else:
-            key, pos = _varint(b, pos, end)
-        fno, wt = key >> 3, key & 7
-        if fno == 0:
-            raise _Bad("field number 0")
-        if wt == 0:
-            v, pos = _varint(b, pos, end)
-            yield fno, wt, v
-            continue
-        if wt == 2:
-            if pos < end and b[pos] < 0x80:
-                size = b[pos]
-                pos += 1
-            else:
-                size, pos = _varint(b, pos, end)
-        elif wt in (1, 5):
-            size = 8 if wt == 1 else 4
-        else:
-            raise _Bad(f"unsupported wire type {wt}")
-        if pos + size > end:
-            raise _Bad("truncated field")
-        yield fno, wt, (pos, pos + size)
-        pos += size
+@functools.cache
+def _example_class() -> type:
+    """``tf.train.Example`` as a protobuf message class, built from its descriptor here (in a
+    pool of its own, so a TensorFlow in the same process never clashes with it)."""
+    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
+    F = descriptor_pb2.FieldDescriptorProto
+    fdp = descriptor_pb2.FileDescriptorProto(name="mnistflow_example.proto", package="mf", syntax="proto3")
 
-def _signed(v: int) -> int:
-    return v - (1 << 64) if v >= 1 << 63 else v
+    def message(name: str, scalar: int | None = None) -> descriptor_pb2.DescriptorProto:
+        m = fdp.message_type.add(name=name)
+        if scalar is not None:  # (the parser takes packed and unpacked values alike)
+            m.field.add(name="value", number=1, type=scalar, label=F.LABEL_REPEATED)
+        return m
 
-
-def _value_list(b: bytes, span: tuple[int, int], kind: str) -> list:
-    out: list = []
-    for fno, wt, v in _fields(b, *span):
-        if fno != 1:
-            continue
-        if kind == "bytes":
-            if wt != 2:
-                raise _Bad("bytes_list value is not length-delimited")
-            out.append(b[v[0]:v[1]])
-        elif kind == "float":
-            if wt == 5:
-                out.append(struct.unpack_from("<f", b, v[0])[0])
-            elif wt == 2:
-                if (v[1] - v[0]) % 4:
-                    raise _Bad("packed float_list length is not a multiple of 4")
-                out.extend(np.frombuffer(b[v[0]:v[1]], "<f4").tolist())
-            else:
-                raise _Bad(f"float_list value has wire type {wt}")
-        else:
-            if wt == 0:
-                out.append(_signed(v))
-            elif wt == 2:
-                p, e = v
-                while p < e:
-                    x, p = _varint(b, p, e)
-                    out.append(_signed(x))
-            else:
-                raise _Bad(f"int64_list value has wire type {wt}")
-    return out
-
-
-_KINDS = {1: "bytes", 2: "float", 3: "int64"}
-
-
-def _feature(b: bytes, span: tuple[int, int]) -> tuple[str | None, list]:
-    kind, vals = None, []
-    for fno, wt, v in _fields(b, *span):
-        if fno in _KINDS:
-            if wt != 2:
-                raise _Bad("feature list is not length-delimited")
-            kind, vals = _KINDS[fno], _value_list(b, v, _KINDS[fno])
-    return kind, vals
+    message("BytesList", F.TYPE_BYTES)
+    message("FloatList", F.TYPE_FLOAT)
+    message("Int64List", F.TYPE_INT64)
+    feature = message("Feature")
+    feature.oneof_decl.add(name="kind")
+    for number, (field, kind) in enumerate(zip(_KINDS, ("BytesList", "FloatList", "Int64List")), 1):
+        feature.field.add(name=field, number=number, type=F.TYPE_MESSAGE, type_name=f".mf.{kind}",
+                          label=F.LABEL_OPTIONAL, oneof_index=0)
+    features = message("Features")
+    entry = features.nested_type.add(name="FeatureEntry")
+    entry.options.map_entry = True
+    entry.field.add(name="key", number=1, type=F.TYPE_STRING, label=F.LABEL_OPTIONAL)
+    entry.field.add(name="value", number=2, type=F.TYPE_MESSAGE, type_name=".mf.Feature", label=F.LABEL_OPTIONAL)
+    features.field.add(name="feature", number=1, type=F.TYPE_MESSAGE, type_name=".mf.Features.FeatureEntry",
+                       label=F.LABEL_REPEATED)
+    message("Example").field.add(name="features", number=1, type=F.TYPE_MESSAGE, type_name=".mf.Features",
+                                 label=F.LABEL_OPTIONAL)
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(fdp)
+    return message_factory.GetMessageClass(pool.FindMessageTypeByName("mf.Example"))
 
 
 def parse_example(data: bytes, where: str | os.PathLike = "<bytes>") -> dict[str, tuple[str | None, list]]:
     """Decode a serialized ``tf.train.Example`` to {name: (kind, values)}, kind one of
     "bytes", "float", "int64" (None for an empty feature). Errors name ``where``."""
-    b = bytes(data)
-    feats: dict[str, tuple[str | None, list]] = {}
+    from google.protobuf.message import DecodeError
+
     try:
-        for fno, wt, v in _fields(b, 0, len(b)):
-            if fno != 1:
-                continue
-            if wt != 2:
-                raise _Bad("features is not length-delimited")
-            for fno2, wt2, entry in _fields(b, *v):
-                if fno2 != 1:
-                    continue
-                if wt2 != 2:
-                    raise _Bad("feature map entry is not length-delimited")
-                key, feat = "", (None, [])
-                for fno3, wt3, w in _fields(b, *entry):
-                    if fno3 == 1 and wt3 == 2:
-                        key = b[w[0]:w[1]].decode("utf-8")
-                    elif fno3 == 2 and wt3 == 2:
-                        feat = _feature(b, w)
-                feats[key] = feat
-    except (_Bad, UnicodeDecodeError) as e:
+        example = _example_class().FromString(bytes(data))
+    except DecodeError as e:
         fail(where, f"not a tf.train.Example ({e})")
+    feats: dict[str, tuple[str | None, list]] = {}
+    for key, feature in example.features.feature.items():
+        field = feature.WhichOneof("kind")
+        feats[key] = (_KINDS[field], list(getattr(feature, field).value)) if field else (None, [])
     return feats
 
 

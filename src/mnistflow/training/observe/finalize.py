@@ -27,8 +27,9 @@ def _where() -> str:
 
 class FinalizeGuard:
     """Use as a context manager around the training loop (a layer or parameter created during
-    training fails at once), and as a hook: ``on_step_end`` (logged steps) compares the model's
-    modules and parameters with the snapshot taken at setup (one replaced in between)."""
+    training fails at once), and as a hook: ``on_step_end`` (logged steps: logs with a "loss")
+    compares the model's modules and parameters with the snapshot taken at setup (one
+    replaced in between)."""
 
     def __init__(self, model: nn.Module):
         self.model = model

@@ -1,6 +1,7 @@
 """The run's metrics file: one JSON object per line (``metrics.jsonl``), appended as it goes.
 
-Records: ``{"kind": "train", "step": N, <the logged scalars>}`` per logged step,
+Records: ``{"kind": "train", "step": N, <the logged scalars>}`` per logged step (logs that
+hold a "loss"),
 ``{"kind": "val" | "test", "step": N, "acc", "loss", "n", "eval_s", ...}`` per evaluation, and
 ``{"kind": "epoch", "step": N, "epoch": E, ...}`` when a hook returned scalars at an epoch end.
 What a hook returned is in the record of its step, under its own name.

@@ -1,7 +1,15 @@
-"""TensorBoard event files: curves as the tutorial shows them, plus throughput and the graph.
+"""TensorBoard event files: curves as the tutorial shows them, plus throughput, the graph, and
+the run's hyperparameters for the HPARAMS tab.
 
 The writer (and its heavy import) is created on first use, and only on rank 0. A scalar a
 hook returned is written under its own name (no prefix), at its step.
+
+Hyperparameters: ``SummaryWriter.add_hparams`` would write them into a run of its own (a new
+subdirectory), apart from the curves. Here the run's own event file gets the session's start
+(its settings, at the start) and end (at the end, with the final figures as ``run/*``
+scalars), and no experiment summary: TensorBoard then builds the HPARAMS table from every
+run's session under its logdir, with the run's own scalars (test/acc, val/loss...) as the
+metric columns. So ``tensorboard --logdir runs`` compares every run there.
 """
 from __future__ import annotations
 
@@ -14,17 +22,12 @@ from typing import TYPE_CHECKING
 import torch
 
 from mnistflow.core.log import warn
-from mnistflow.training.hooks import EPOCH_KEYS
+from mnistflow.training.observe.tracking import epoch_scalars, eval_scalars, final_figures, hparams, step_scalars
 
 if TYPE_CHECKING:
     from tensorboard.compat.proto.config_pb2 import RunMetadata
     from tensorboard.compat.proto.graph_pb2 import GraphDef
     from torch.utils.tensorboard import SummaryWriter
-
-_TRAIN = {"loss": "train/loss", "acc": "train/acc", "lr": "lr", "img_per_s": "throughput/img_per_s",
-          "data_wait_frac": "pipeline/data_wait_frac", "queue_depth": "pipeline/queue_depth"}
-_TRAIN_OTHER = {"epoch", "rss_mb"}  # in the logs, not curves of their own
-_EVAL = {"split", "acc", "loss", "n", "eval_s"}
 
 
 class TensorBoardLogger:
@@ -33,6 +36,7 @@ class TensorBoardLogger:
         self.purge_step = purge_step  # a resumed run: events from this step on are superseded
         self._w = None
         self._failed = False
+        self._session = None  # the hparams summaries of the session's (start, end)
 
     @property
     def writer(self) -> SummaryWriter | None:
@@ -46,32 +50,40 @@ class TensorBoardLogger:
             self._w = SummaryWriter(str(self.logdir), purge_step=self.purge_step)
         return self._w
 
-    def _extras(self, w, step: int, logs: dict, known) -> None:
-        for k, v in logs.items():
-            if k not in known and isinstance(v, (int, float)) and not isinstance(v, bool):
-                w.add_scalar(k, v, step)
+    def _scalars(self, w, step: int, values: dict) -> None:
+        for k, v in values.items():
+            w.add_scalar(k, v, step)
+
+    def on_train_start(self, logs: dict) -> None:
+        """The session's start: the run's settings (the HPARAMS tab's columns)."""
+        w = self.writer
+        if w is not None:
+            self._session = _session(hparams(logs.get("config") or {}))
+            w._get_file_writer().add_summary(self._session[0])
 
     def on_step_end(self, step: int, logs: dict) -> None:
         w = self.writer
         if w is None or "loss" not in logs:  # logged steps (the measured scalars) only
             return
-        for k, tag in _TRAIN.items():
-            w.add_scalar(tag, logs[k], step)
-        self._extras(w, step, logs, _TRAIN.keys() | _TRAIN_OTHER)
+        self._scalars(w, step, step_scalars(logs))
 
     def on_validation_end(self, step: int, logs: dict) -> None:
         w = self.writer
-        if w is None:
-            return
-        split = logs["split"]
-        w.add_scalar(f"{split}/loss", logs["loss"], step)
-        w.add_scalar(f"{split}/acc", logs["acc"], step)
-        self._extras(w, step, logs, _EVAL | {f"{split}_acc", f"{split}_loss"})
+        if w is not None:
+            self._scalars(w, step, eval_scalars(logs))
 
     def on_epoch_end(self, epoch: int, logs: dict) -> None:
         w = self.writer
         if w is not None:
-            self._extras(w, logs["step"], logs, set(EPOCH_KEYS))  # a hook's scalars (the rest is written)
+            self._scalars(w, logs["step"], epoch_scalars(logs))
+
+    def on_train_end(self, logs: dict) -> None:
+        """The final figures (``run/wall_s``, ``run/test_acc``...) and the session's end."""
+        w = self.writer
+        if w is None or self._session is None:
+            return
+        self._scalars(w, logs.get("steps", 0), final_figures(logs))
+        w._get_file_writer().add_summary(self._session[1])
 
     def add_graph(self, model: torch.nn.Module, example: torch.Tensor) -> None:
         """The model's graph (traced on ``example``), written silently: the tracer's warnings are
@@ -89,6 +101,14 @@ class TensorBoardLogger:
         if self._w is not None:
             self._w.flush()
             self._w.close()
+
+
+def _session(settings: dict) -> tuple:
+    """The hparams plugin's session start (the settings) and end (status: success)."""
+    from torch.utils.tensorboard.summary import hparams as hparams_summaries
+
+    _, start, end = hparams_summaries(settings, {})  # (the experiment summary is left out: see above)
+    return start, end
 
 
 def graph_def(model: torch.nn.Module, example: torch.Tensor) -> tuple[GraphDef, RunMetadata]:

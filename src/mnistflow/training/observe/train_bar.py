@@ -1,8 +1,9 @@
 """The training bar: steps done of the run's total, the rate, the ETA, the last loss and
 accuracy, on stderr when it is a terminal (``core.progress``).
 
-A hook (``training.hooks``). It moves on logged steps only (``on_step_end`` comes once per log
-interval, with numbers the loop has already read): no device sync and no work per step.
+A hook (``training.hooks``). It moves at every ``on_step_end`` it gets, redrawn at most ten
+times a second (tqdm's own clock: a step costs a comparison, never a device sync), and at
+every logged step (logs holding "loss", numbers the loop has read), with its loss and accuracy.
 ``--quiet`` and ``--json`` (the run's config) turn it off; so does a stderr that is no terminal,
 where the console's lines are the record.
 """
@@ -31,15 +32,14 @@ class TrainProgress:
         self.close()
         # start_step: where a resumed run starts (the rate and ETA count this run's steps only)
         self.bar = progress(logs.get("total_steps", self.total), "train", "step", on,
-                            stream=self.stream, initial=logs.get("start_step", 0),
-                            mininterval=0)  # log intervals are far enough apart: show each
+                            stream=self.stream, initial=logs.get("start_step", 0), mininterval=0.1)
 
     def on_step_end(self, step: int, logs: dict) -> None:
         if not self.showing:
             return
-        if "loss" in logs and "acc" in logs:
-            self.bar.set_postfix_str(f"loss {logs['loss']:.3f} acc {100 * logs['acc']:.1f}%", refresh=False)
-        self.bar.update(step - self.bar.n)
+        self.bar.update(step - self.bar.n)  # (redrawn when a tenth of a second has passed)
+        if "loss" in logs:  # a logged step: its numbers, shown now
+            self.bar.set_postfix_str(f"loss {logs['loss']:.3f} acc {100 * logs['acc']:.1f}%")
 
     def on_train_end(self, logs: dict) -> None:
         self.close()
