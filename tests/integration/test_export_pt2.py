@@ -29,6 +29,12 @@ from mnistflow.training.api import train
 TESTS_ON_PATH = {"PYTHONPATH": os.pathsep.join(filter(None, [str(REPO / "tests"), os.environ.get("PYTHONPATH")]))}
 
 
+@pytest.fixture(autouse=True)
+def trusted(monkeypatch):
+    """These tests load .pt2 files they wrote themselves: trusted (the subprocesses inherit it)."""
+    monkeypatch.setenv("MNISTFLOW_TRUST_PT2", "1")
+
+
 @pytest.fixture(scope="module")
 def runs(mnist_records, tmp_path_factory) -> dict[str, Path]:
     """A softmax and a conv net (``fast``: conv, batch norm, pooling, linear), each trained
@@ -231,3 +237,23 @@ def test_broken_and_foreign_pt2_files_are_one_line(runs, tmp_path):
     for name, fragment in in_process.items():
         with pytest.raises(MnistflowError, match=fragment):
             load_any(tmp_path / name)
+
+
+def test_a_pt2_is_loaded_only_when_the_user_trusts_it_as_code(runs, monkeypatch):
+    """A .pt2 is a program: eval, predict and serve refuse it in one line until the user sets
+    MNISTFLOW_TRUST_PT2=1, before torch reads a byte of it."""
+    run = runs["softmax"]
+    if not (run / "model.pt2").exists():
+        export(run, "pt2")
+    monkeypatch.delenv("MNISTFLOW_TRUST_PT2")
+    why = "a .pt2 is a program, not data"
+    for verb in ("eval", "predict"):
+        args = [verb, str(run / "model.pt2")] + ([str(run / "model.pt2")] if verb == "predict" else [])
+        assert_one_line_error(run_cli(*args), why, "set MNISTFLOW_TRUST_PT2=1")
+    from mnistflow.server import create_app
+
+    with pytest.raises(MnistflowError, match=why):
+        create_app(run / "model.pt2")
+    monkeypatch.setenv("MNISTFLOW_TRUST_PT2", "0")
+    with pytest.raises(MnistflowError, match=why):
+        load_any(run / "model.pt2")

@@ -9,8 +9,8 @@
 
 A PyTorch model comes back in eval mode on ``device``; an ``.onnx`` file comes back as an
 ``artifacts.onnx.OnnxBackend`` (``logits``/``predict``, CPU); a ``.pt2`` as an
-``artifacts.pt2.ExportedModel`` on ``device`` (a program: load only .pt2 files you trust, see
-``artifacts.pt2``). Wrap any of them with
+``artifacts.pt2.ExportedModel`` on ``device`` (a program: loaded only with
+``$MNISTFLOW_TRUST_PT2=1``, see ``artifacts.pt2``). Wrap any of them with
 ``artifacts.predictor.as_predictor`` to classify uint8 images. Weights always go through the
 strict loader (``model_file.load_weights``).
 """
@@ -34,6 +34,8 @@ from mnistflow.core.errors import MnistflowError
 from mnistflow.core.fsutil import regular_file
 
 PLAIN_TORCH_SUFFIXES = (".pt", ".pth", ".ckpt", ".bin", ".pkl")
+
+TRUST_PT2 = "MNISTFLOW_TRUST_PT2"  # the user's word that their .pt2 files are trusted as code
 
 
 def load_checkpoint_model(path: str | Path, device: torch.device | str = "cpu",
@@ -108,6 +110,10 @@ def load_any(path: str | Path, model_name: str | None = None, device: torch.devi
     if suffix == ".onnx":
         return load_onnx(p)
     if suffix == ".pt2":
+        if os.environ.get(TRUST_PT2) != "1":  # (a program: checks cannot make a hostile one safe)
+            raise MnistflowError("a .pt2 is a program, not data (torch.export.load unpickles it, and "
+                                 "its graph may call any function PyTorch can reach): mnistflow loads "
+                                 f"one only when you trust it as code: set {TRUST_PT2}=1", p)
         model, info = load_pt2(p, device)
         if model_name and model_name != info.model:
             raise MnistflowError(f"the file holds a '{info.model}' model, not '{model_name}'", p)

@@ -12,8 +12,8 @@ other formats) rides in the archive as ``extra/mnistflow.json``.
 
 Trust: a .pt2 is a program, not data. ``torch.export.load`` unpickles parts of the archive
 (PyTorch's own warning: never load one from an untrusted source), and the graph it rebuilds may
-call any function PyTorch can reach. Load only .pt2 files you exported yourself, or trust as
-you would trust Python code. The checks here (a regular file of at most
+call any function PyTorch can reach. ``load.load_any`` loads one only when the user has said
+they trust their .pt2 files as code (``$MNISTFLOW_TRUST_PT2=1``). The checks here (a regular file of at most
 ``limits.MAX_MODEL_BYTES``; a zip; mnistflow info of at most ``limits.MAX_MODEL_META_CHARS``
 that ``check_model_info`` accepts, read before torch sees the file; one input and one output of
 the info's shapes; finite weights) turn a broken or foreign file into one error line. They do

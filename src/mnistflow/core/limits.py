@@ -7,9 +7,9 @@ or count such an input declares (a header's shape, a length prefix, a file's siz
 checked against these before any memory is sized from it; past one is one error line. Each
 bound is far above any real MNIST-family input, so only a broken or hostile input meets it, and
 what passed is trusted inside. One model format is code, not data: a ``.pt2`` program
-(``artifacts.pt2``) is trusted as code is (torch.export.load unpickles, its graph calls what it
-names); only its size and its mnistflow info are bounded here, to catch a broken or foreign
-file. Not here: the plain ranges of settings (a learning rate, epochs:
+(``artifacts.pt2``) is loaded only on the user's word (``$MNISTFLOW_TRUST_PT2=1``;
+torch.export.load unpickles, its graph calls what it names); only its size and its mnistflow
+info are bounded here, to catch a broken or foreign file. Not here: the plain ranges of settings (a learning rate, epochs:
 ``training.config``), the server's time and concurrency limits (``server.guard.Limits``), and
 design limits (an ensemble's members). Standard library only, so every layer can import it.
 """
