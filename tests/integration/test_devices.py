@@ -145,7 +145,8 @@ def test_a_busy_neighbour_is_detected_and_threads_are_shed(mnist_records, tmp_pa
                            env={**env, "OMP_WAIT_POLICY": policy})
             assert proc.returncode == 0, proc.stderr
             assert "cores busy: training on" in proc.stderr
-            assert json.loads(proc.stdout.strip().splitlines()[-1])["threads"] == usable_cores() - 1
+            # the busy process's core is shed (other test workers, busy too, may cost more)
+            assert 1 <= json.loads(proc.stdout.strip().splitlines()[-1])["threads"] <= max(1, usable_cores() - 1)
         chosen = run_cli(*args, "--run-dir", str(tmp_path / "r2"), "--max-steps", "5", "--threads", "2",
                          env={**env, "OMP_WAIT_POLICY": "ACTIVE"})  # the user's choice stands, without a word
         assert "cores busy" not in chosen.stderr
