@@ -68,7 +68,7 @@ def test_a_second_training_on_a_run_in_use_fails_at_once_and_a_killed_one_leaves
     proc = run_cli("train", "--resume", "--run-dir", str(run), "--max-steps", "5")
     assert proc.returncode == 0, proc.stderr
     assert f"no checkpoint in {run}; restarting it from step 0 with its config.toml" in proc.stderr
-    assert "training softmax on mnist" in proc.stdout and "threads=1" in proc.stdout
+    assert "training softmax on mnist" in proc.stdout and "1 thread," in proc.stdout
     assert 'model = "softmax"' in rd.config.read_text()
     assert json.loads(rd.summary.read_text())["steps"] == 5
     recs = [json.loads(ln) for ln in rd.metrics.read_text().splitlines()]
