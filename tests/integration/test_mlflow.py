@@ -132,6 +132,16 @@ def test_a_failed_run_is_marked_failed(mnist_records, tmp_path, store):
     r = only_run(client)
     assert r.info.status == "FAILED"
     assert [s for s, _ in history(client, r, "train/loss")] == [10, 20]
+    # given as a callback, the logger is closed as the run ends too: its MLflow run is FAILED
+    from mnistflow import MLflowLogger
+
+    logger = MLflowLogger(uri, experiment="as-a-callback")
+    with pytest.raises(RuntimeError, match="a bug in a callback"):
+        mnistflow.train(recipe="softmax", data=mnist_records, run_dir=tmp_path / "run2", max_steps=100,
+                        log_every=10, threads=1, quiet=True, tensorboard=False, callbacks=[logger, Crash()])
+    exp = client.get_experiment_by_name("as-a-callback")
+    (r2,) = client.search_runs([exp.experiment_id])
+    assert r2.info.status == "FAILED"
 
 
 def test_an_unreachable_store_is_one_line_before_training(mnist_records, tmp_path, store):

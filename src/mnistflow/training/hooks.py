@@ -27,6 +27,9 @@ see them in ``logs``. A hook stops training by raising ``StopTraining("reason")`
 hooks still get this event, then the run ends at that point like any other (final test
 evaluation, model saved) with ``summary["stop_reason"] = "reason"``.
 
+A callback's ``close()``, if it has one, is called as the run ends however it ends (a failure
+too; ``sys.exc_info()`` tells one), after its last event: a file or a tracker's run to end.
+
 The loop's own observers (console, metrics file, TensorBoard, memory and input watches,
 finalize guard) are hooks too; a user's callbacks come after the observers that print, before
 the two that write files (so a returned scalar lands in the same record).

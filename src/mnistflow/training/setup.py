@@ -358,6 +358,9 @@ def start(cfg: TrainConfig, device: torch.device, info: dist.DistInfo, held: con
     run.guard = FinalizeGuard(run.raw_model)
     # the printing observers, the user's callbacks, then the writers (which so record what they return)
     run.hooks = Hooks([*obs.first, run.guard, *callbacks, *obs.writers])
+    for cb in callbacks:  # a callback's close(): when the run ends, however it ends (a file, a tracker's run)
+        if callable(getattr(cb, "close", None)):
+            held.callback(cb.close)
     catch = cfg.keep_checkpoints > 0  # without checkpoints there is nothing to save on a signal
     run.signals = Signals(info, catch, quiet=not primary)
     if catch and primary:

@@ -78,10 +78,8 @@ class MLflowLogger:
     (``http://host:5000``), a database (``sqlite:///mlflow.db``) or None (MLflow's choice:
     ``$MLFLOW_TRACKING_URI``, else its default); ``experiment``: the experiment's name (created
     when new); ``run_name``: the MLflow run's name (default: the run directory's); ``log_model``:
-    upload the model file too; ``tags``: more tags for the MLflow run.
-
-    Passed as a callback, a run that fails leaves its MLflow run RUNNING (no hook is called on
-    a failure); with the ``mlflow`` setting (``--mlflow``) mnistflow ends it as FAILED."""
+    upload the model file too; ``tags``: more tags for the MLflow run. Its ``close()`` ends the
+    MLflow run as the training run ends (``setup.start``: a callback's close, a writer's)."""
 
     def __init__(self, tracking_uri: str | None = None, experiment: str = "mnistflow",
                  run_name: str | None = None, log_model: bool = True, tags: dict | None = None):
