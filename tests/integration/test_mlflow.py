@@ -142,6 +142,24 @@ def test_a_failed_run_is_marked_failed(mnist_records, tmp_path, store):
     exp = client.get_experiment_by_name("as-a-callback")
     (r2,) = client.search_runs([exp.experiment_id])
     assert r2.info.status == "FAILED"
+    # interrupted (SIGINT: a checkpoint, then TrainingInterrupted): KILLED, which a resume continues
+    import os
+    import signal
+
+    from mnistflow.training.checkpointing import TrainingInterrupted
+
+    class Interrupt:
+        def on_step_end(self, step, logs):
+            if step == 30:
+                os.kill(os.getpid(), signal.SIGINT)  # the run's handler takes it: it stops at the next point
+
+    logger = MLflowLogger(uri, experiment="interrupted")
+    with pytest.raises(TrainingInterrupted):
+        mnistflow.train(recipe="softmax", data=mnist_records, run_dir=tmp_path / "run3", max_steps=100,
+                        log_every=10, threads=1, quiet=True, tensorboard=False, callbacks=[logger, Interrupt()])
+    exp = client.get_experiment_by_name("interrupted")
+    (r3,) = client.search_runs([exp.experiment_id])
+    assert r3.info.status == "KILLED"
 
 
 def test_an_unreachable_store_is_one_line_before_training(mnist_records, tmp_path, store):

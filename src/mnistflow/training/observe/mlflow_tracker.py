@@ -167,9 +167,11 @@ class MLflowLogger:
 
     def close(self, status: str | None = None) -> None:
         """End the MLflow run, once: FINISHED at the end of training; before it, FAILED while
-        an exception unwinds (the run failed), else KILLED (interrupted: a resume continues it)."""
+        an exception unwinds (the run failed), else KILLED (interrupted, Ctrl-C or a signal's
+        ``TrainingInterrupted`` included: a resume continues it)."""
         if status is None:
-            status = "FAILED" if sys.exc_info()[0] is not None else "KILLED"
+            unwinding = sys.exc_info()[1]
+            status = "FAILED" if unwinding is not None and not isinstance(unwinding, KeyboardInterrupt) else "KILLED"
         self._call("ending the run", "set_terminated", status)
         self.run_id = None
 
