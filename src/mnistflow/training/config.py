@@ -420,7 +420,7 @@ def suggest(key: str) -> str | None:
 def _check_keys(d: dict, where: str) -> None:
     unknown = sorted(set(d) - set(FIELDS))
     if unknown:
-        hints = [f"{k} -> {suggest(k)}" for k in unknown if suggest(k)]
+        hints = [f"{k} -> {s}" for k in unknown if (s := suggest(k))]
         raise MnistflowError(f"unknown configuration key(s): {', '.join(unknown)}"
                              + (f" (did you mean: {', '.join(hints)}?)" if hints else ""), where)
 
