@@ -125,6 +125,31 @@ def test_a_users_own_module_and_a_reused_relu():
     assert np.array_equal(found[1].values, np.maximum(found[0].values, 0))
 
 
+def test_other_threads_forwards_are_not_recorded(trained):
+    """A server runs other requests on the same model while one asks for its layers: only the
+    asking thread's forward is recorded."""
+    import threading
+
+    model, info = trained
+    want = [(layer.name, layer.shape) for layer in layers(model, info, digit())]
+    stop = threading.Event()
+
+    def busy():
+        x = torch.zeros(3, 1, 28, 28)
+        with torch.inference_mode():
+            while not stop.is_set():
+                model(x)
+
+    other = threading.Thread(target=busy)
+    other.start()
+    try:
+        for i in range(10):
+            assert [(layer.name, layer.shape) for layer in layers(model, info, digit(i))] == want
+    finally:
+        stop.set()
+        other.join()
+
+
 def test_bound_keeps_the_most_active_channels_of_the_widest_layers():
     from mnistflow.artifacts.layers import Layer
 
