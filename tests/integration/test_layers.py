@@ -3,6 +3,8 @@
 serve tests (``serve_model``)."""
 from __future__ import annotations
 
+import json
+
 import httpx
 import numpy as np
 import pytest
@@ -197,6 +199,29 @@ def test_onnx_and_a_wrong_image_are_refused(serve_model, trained, tmp_path):
     backend, info = load_any(tmp_path / "m.onnx")
     with pytest.raises(MnistflowError, match="layers need the PyTorch model .*not an ONNX model"):
         layers(backend, info, digit())
+
+
+def test_non_finite_activations_are_json_null():
+    """A layer may overflow while the output stays finite (a clamp after it): its values are
+    null in the answer, which stays valid JSON."""
+    from mnistflow.artifacts.predictor import TorchBackend
+    from mnistflow.server.app import layer_view
+
+    class Overflows(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.big = nn.Linear(784, 4)
+            nn.init.constant_(self.big.weight, 1e38)  # 784 terms: past float32's range
+            self.fc = nn.Linear(4, 10)
+
+        def forward(self, x):
+            return self.fc(torch.nan_to_num(self.big(x.flatten(1)), posinf=1.0, neginf=-1.0))
+
+    pred = TorchBackend(Overflows().eval(), info_for("overflows"))
+    d = layer_view(pred, json.dumps({"pixels": digit()[..., 0].tolist()}).encode(), "application/json", None)
+    json.loads(json.dumps(d, allow_nan=False))  # what the server's JSONResponse does
+    assert d["layers"][0]["name"] == "big" and None in d["layers"][0]["values"]
+    assert abs(sum(d["probabilities"]) - 1) < 1e-5
 
 
 # --- over HTTP ----------------------------------------------------------------------------

@@ -127,7 +127,8 @@ def body_input(pred: Predictor, body: bytes, content_type: str, mode: str | None
 def layer_view(pred: Predictor, body: bytes, content_type: str, mode: str | None,
                limits: Limits | None = None) -> dict:
     """One request body -> every layer's activations (``artifacts.layers``), as JSON: values
-    flat (row-major), rounded to 4 decimals; runs in a worker thread. A model without PyTorch
+    flat (row-major), rounded to 4 decimals, a NaN or infinite one as null; runs in a worker
+    thread. A model without PyTorch
     layers (ONNX) is a 501."""
     from mnistflow.artifacts.layers import layers, torch_model
 
@@ -139,8 +140,10 @@ def layer_view(pred: Predictor, body: bytes, content_type: str, mode: str | None
     found = layers(pred, pred.info, x)
     out = []
     for layer in found[:-1]:
-        item = {"name": layer.name, "kind": layer.kind, "shape": list(layer.shape),
-                "values": layer.values.astype(np.float64).round(4).ravel().tolist()}
+        values = layer.values.astype(np.float64).round(4).ravel().tolist()
+        if not np.isfinite(layer.values).all():  # JSON has no NaN nor infinity: null
+            values = [v if math.isfinite(v) else None for v in values]
+        item = {"name": layer.name, "kind": layer.kind, "shape": list(layer.shape), "values": values}
         if layer.truncated:
             item.update(truncated=True, channels=layer.channels)
         out.append(item)
