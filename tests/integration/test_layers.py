@@ -87,6 +87,23 @@ def test_seed_cnn_matches_summary_and_a_plain_forward():
     assert np.abs(found[0].values - want).max() < 1e-5
 
 
+@pytest.mark.parametrize("name", __import__("mnistflow.models", fromlist=["list_models"]).list_models())
+def test_every_registered_model(name):
+    """Every leaf module the forward calls, with summary's output shapes; the probabilities are
+    the predictor's, bit for bit."""
+    from mnistflow.artifacts.predictor import TorchBackend
+    from mnistflow.models import create_model
+
+    torch.manual_seed(0)
+    model, info = create_model(name, (1, 28, 28), 10).eval(), info_for(name)
+    found = layers(model, info, digit(4))
+    shapes, modules = summary_shapes(model), dict(model.named_modules())
+    assert [layer.name for layer in found[:-1]] == [n for n in shapes if not any(modules[n].children())]
+    assert all(layer.shape == shapes[layer.name] == layer.values.shape for layer in found[:-1])
+    assert found[-1].kind == "softmax"
+    assert np.array_equal(found[-1].values, TorchBackend(model, info).predict(digit(4)[None])[0])
+
+
 def test_ensemble_shows_every_member():
     from mnistflow.models import create_model
 
@@ -199,6 +216,10 @@ def test_onnx_and_a_wrong_image_are_refused(serve_model, trained, tmp_path):
     backend, info = load_any(tmp_path / "m.onnx")
     with pytest.raises(MnistflowError, match="layers need the PyTorch model .*not an ONNX model"):
         layers(backend, info, digit())
+    from mnistflow.artifacts.pt2 import ExportedModel
+
+    with pytest.raises(MnistflowError, match="kernels need the PyTorch model .*not a .pt2 program"):
+        kernel(ExportedModel(model), "program.features.0", 0)
 
 
 def test_non_finite_activations_are_json_null():
