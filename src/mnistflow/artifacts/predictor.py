@@ -34,7 +34,6 @@ class TorchBackend:
     def __init__(self, model: nn.Module, info: ModelInfo):
         self.model, self.info = model.eval(), info
         self.params = sum(p.numel() for p in model.parameters())
-        self.device = next(model.parameters(), torch.empty(0)).device
 
     @torch.inference_mode()
     def predict(self, batch: np.ndarray) -> np.ndarray:

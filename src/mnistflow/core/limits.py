@@ -62,7 +62,7 @@ MAX_JSON_SIDE = 1024  # pixels a side of a posted JSON pixel array
 MAX_FORM_FIELDS = 16  # text fields of a multipart upload besides its one file (preprocess: one)
 MAX_FORM_FIELD_BYTES = 64 << 10  # one text field of a multipart upload
 # activation values of one /api/layers answer, all layers together (``artifacts.layers`` keeps the
-# most active channels of wider layers), and of one /api/kernel answer: seed-cnn's are ~120,000
+# most active channels of wider layers), and of one /api/kernel answer: seed-cnn's hold ~63,000
 MAX_LAYER_VALUES = 1 << 21
 
 # --- the command line and the environment ---------------------------------------------------
