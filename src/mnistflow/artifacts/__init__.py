@@ -8,6 +8,7 @@
     onnx        ONNX bytes from a model, the onnxruntime session, the ONNX predictor backend
     pt2         a torch.export program (.pt2) from a model, and one loaded back as a module
     predictor   uint8 images -> class probabilities, for PyTorch and ONNX alike
+    layers      one image -> every layer's activations (forward hooks), a conv channel's kernel
     load        load_any: a model (or ONNX backend) from any of these files or a run directory
 
 Nothing here decides *when* to write (that is ``training``) or what a verb does with a model.

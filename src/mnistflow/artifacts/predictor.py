@@ -34,14 +34,20 @@ class TorchBackend:
     def __init__(self, model: nn.Module, info: ModelInfo):
         self.model, self.info = model.eval(), info
         self.params = sum(p.numel() for p in model.parameters())
-        self.device = next(model.parameters(), torch.empty(0)).device
 
     @torch.inference_mode()
     def predict(self, batch: np.ndarray) -> np.ndarray:
-        from mnistflow.data.normalize import normalize
+        return torch_probabilities(self.model, self.info, batch).cpu().numpy()
 
-        x = normalize(batch, self.info.mean, self.info.std, self.device)
-        return torch.softmax(self.model(x).float(), 1).cpu().numpy()
+
+def torch_probabilities(model: nn.Module, info: ModelInfo, batch: np.ndarray) -> torch.Tensor:
+    """uint8 images (N, H, W, C) -> class probabilities (N, K) on the model's device: the one
+    preprocessing (``data.normalize.normalize``) and output (softmax in fp32) of a PyTorch model,
+    shared with ``artifacts.layers``. Call it under ``torch.inference_mode``."""
+    from mnistflow.data.normalize import normalize
+
+    device = next(model.parameters(), torch.empty(0)).device
+    return torch.softmax(model(normalize(batch, info.mean, info.std, device)).float(), 1)
 
 
 def as_predictor(model: nn.Module | OnnxBackend | Predictor, info: ModelInfo) -> Predictor:

@@ -61,6 +61,9 @@ MAX_REQUEST_PIXELS = 2048 * 2048  # decoded pixels of one posted image (after JP
 MAX_JSON_SIDE = 1024  # pixels a side of a posted JSON pixel array
 MAX_FORM_FIELDS = 16  # text fields of a multipart upload besides its one file (preprocess: one)
 MAX_FORM_FIELD_BYTES = 64 << 10  # one text field of a multipart upload
+# activation values of one /api/layers answer, all layers together (``artifacts.layers`` keeps the
+# most active channels of wider layers), and of one /api/kernel answer: seed-cnn's hold ~63,000
+MAX_LAYER_VALUES = 1 << 21
 
 # --- the command line and the environment ---------------------------------------------------
 MAX_INT = 2**63 - 1  # an integer flag or config.toml value with no smaller bound: 64 bits, as TOML's

@@ -16,7 +16,12 @@ pixels; see ``inputs`` for the preparation) -> ``{"label", "name", "class_name",
 "probabilities", "model", "latency_ms", "preprocess"}`` (``label``: the data's own label
 value, e.g. 1..26; ``index``: the model output, the position in ``probabilities``; ``name`` =
 ``class_name``: the class's name), plus ``input``, the picture the model saw (H x W or H x W x
-C), with ``?input=1`` (the page shows it); ``GET /api/model``; ``GET /healthz``. Bad requests
+C), with ``?input=1`` (the page shows it); ``POST /api/layers`` (the same bodies) -> every
+layer's activations, ``{"layers": [{"name", "kind", "shape", "values"}, ...], "probabilities",
+...}`` (``artifacts.layers``: bounded by ``core.limits.MAX_LAYER_VALUES``, a truncated layer
+has ``truncated`` and the ``channels`` kept); ``GET /api/kernel?layer=NAME&channel=K`` ->
+``{"layer", "channel", "shape", "input_channels", "values"}``, the weights that produced
+channel K of convolution NAME; ``GET /api/model``; ``GET /healthz``. Bad requests
 get a 4xx and ``{"error": "..."}``; the server keeps serving. Every bound (body size, pixels,
 concurrent decodes, header/body/work deadlines, connections) and who may POST (the page's own
 origin, or a script that sends no ``Origin``) are in ``guard``. docs/serving.md is the
@@ -92,13 +97,7 @@ _DEFAULT_LIMITS = Limits()
 def classify(pred: Predictor, body: bytes, content_type: str, mode: str | None,
              with_input: bool = False, limits: Limits | None = None) -> dict:
     """One request body -> the prediction (runs in a worker thread)."""
-    limits = limits or _DEFAULT_LIMITS
-    if is_json(content_type, body):
-        img, json_mode = parse_json(body)
-        mode = json_mode or mode
-    else:
-        img = decode_image(body, limits)
-    x, used = to_input(img, pred.info, mode, limits.min_side)
+    x, used = body_input(pred, body, content_type, mode, limits)
     p = pred.predict(x[None])[0]
     if not np.isfinite(p).all():
         raise RuntimeError("the model returned non-finite probabilities")
@@ -111,6 +110,72 @@ def classify(pred: Predictor, body: bytes, content_type: str, mode: str | None,
         res["input"] = (x[..., 0] if x.shape[2] == 1 else x).tolist()
     return res
 
+
+def body_input(pred: Predictor, body: bytes, content_type: str, mode: str | None,
+               limits: Limits | None = None) -> tuple[np.ndarray, str]:
+    """One request body (a picture or JSON pixels) -> (the uint8 H x W x C image the model
+    sees, the preparation used); what ``/api/predict`` and ``/api/layers`` both read."""
+    limits = limits or _DEFAULT_LIMITS
+    if is_json(content_type, body):
+        img, json_mode = parse_json(body)
+        mode = json_mode or mode
+    else:
+        img = decode_image(body, limits)
+    return to_input(img, pred.info, mode, limits.min_side)
+
+
+def layer_view(pred: Predictor, body: bytes, content_type: str, mode: str | None,
+               limits: Limits | None = None) -> dict:
+    """One request body -> every layer's activations (``artifacts.layers``), as JSON: values
+    flat (row-major), rounded to 4 decimals, a NaN or infinite one as null; runs in a worker
+    thread. A model without PyTorch
+    layers (ONNX) is a 501."""
+    from mnistflow.artifacts.layers import layers, torch_model
+
+    try:
+        torch_model(pred)
+    except MnistflowError as e:
+        raise BadInput(501, str(e)) from None
+    x, used = body_input(pred, body, content_type, mode, limits)
+    found = layers(pred, pred.info, x)
+    out = []
+    for layer in found[:-1]:
+        values = layer.values.astype(np.float64).round(4).ravel().tolist()
+        if not np.isfinite(layer.values).all():  # JSON has no NaN nor infinity: null
+            values = [v if math.isfinite(v) else None for v in values]
+        item = {"name": layer.name, "kind": layer.kind, "shape": list(layer.shape), "values": values}
+        if layer.truncated:
+            item.update(truncated=True, channels=layer.channels)
+        out.append(item)
+    probs = found[-1].values
+    if not np.isfinite(probs).all():
+        raise RuntimeError("the model returned non-finite probabilities")
+    out.append({"name": found[-1].name, "kind": found[-1].kind, "shape": list(found[-1].shape),
+                "values": [round(float(v), 6) for v in probs]})
+    return {"layers": out, "probabilities": out[-1]["values"], "model": pred.info.model,
+            "preprocess": used, "truncated": any(layer.truncated for layer in found)}
+
+
+def kernel_view(pred: Predictor, query: dict[str, str]) -> dict:
+    """``GET /api/kernel?layer=NAME&channel=K``'s answer: channel K of convolution NAME's
+    weights per input channel (``artifacts.layers.kernel``); a bad name or channel is a 4xx."""
+    from mnistflow.artifacts.layers import kernel, torch_model
+
+    layer, channel = query.get("layer"), query.get("channel")
+    try:
+        torch_model(pred, "kernels")
+    except MnistflowError as e:
+        raise BadInput(501, str(e)) from None
+    if not layer or channel is None:
+        raise BadInput(400, "give the layer and the channel: /api/kernel?layer=NAME&channel=K")
+    if not (channel.isascii() and channel.isdigit()) or len(channel) > 9:
+        raise BadInput(400, f"channel must be a channel number, got {channel[:20]!r}")
+    try:
+        weights, inputs = kernel(pred, layer, int(channel))
+    except MnistflowError as e:
+        raise BadInput(422, str(e)) from None
+    return {"layer": layer, "channel": int(channel), "shape": list(weights.shape),
+            "input_channels": inputs, "values": weights.astype(np.float64).round(6).ravel().tolist()}
 
 
 async def read_request(request: Request, limits: Limits) -> tuple[bytes, str, str | None]:
@@ -232,18 +297,29 @@ def create_app(model: str | Path | Predictor, *, threads: int = 1, limits: Limit
     async def model_info(request):
         return JSONResponse(model_json)
 
-    async def predict(request):
+    async def posted(request, work, *args):  # a picture in, work(pred, body, ..., *args, limits) out
         t0 = time.perf_counter()
         try:
             body, content_type, mode = await read_request(request, limits)
-            with_input = request.query_params.get("input", "0").lower() in ("1", "true")
-            res = await slots.run(classify, pred, body, content_type, mode, with_input, limits)
+            res = await slots.run(work, pred, body, content_type, mode, *args, limits)
         except BadInput as e:
             return error(e.status, e.message, e.headers)
         except ClientDisconnect:  # the client left mid-body: nobody reads an answer, no traceback
             return Response(status_code=400)
         res["latency_ms"] = round(1000 * (time.perf_counter() - t0), 3)
         return JSONResponse(res)
+
+    async def predict(request):
+        return await posted(request, classify, request.query_params.get("input", "0").lower() in ("1", "true"))
+
+    async def layer_activations(request):
+        return await posted(request, layer_view)
+
+    async def conv_kernel(request):
+        try:
+            return JSONResponse(await slots.run(kernel_view, pred, dict(request.query_params)))
+        except BadInput as e:
+            return error(e.status, e.message, e.headers)
 
     async def http_error(request, exc):
         return error(exc.status_code, exc.detail)
@@ -256,6 +332,8 @@ def create_app(model: str | Path | Predictor, *, threads: int = 1, limits: Limit
         Route("/healthz", healthz, methods=["GET"]),
         Route("/api/model", model_info, methods=["GET"]),
         Route("/api/predict", predict, methods=["POST"]),
+        Route("/api/layers", layer_activations, methods=["POST"]),
+        Route("/api/kernel", conv_kernel, methods=["GET"]),
         Mount("/static", StaticFiles(directory=STATIC), name="static"),
     ]
     app = Starlette(routes=routes, exception_handlers={HTTPException: http_error, Exception: server_error})
