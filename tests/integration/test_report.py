@@ -114,3 +114,28 @@ def test_missing_matplotlib_says_what_to_install(runs, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
     with pytest.raises(MnistflowError, match=r"pip install 'mnistflow\[report\]'"):
         report(runs[0])
+
+
+def test_layers_follow_mistakes_first_through_each_stage(runs):
+    """layers.png's columns: the most confident mistakes, then right images; its rows: the last
+    layer of each run of same-shaped layers (a stage's output), from the real model's layers."""
+    from mnistflow.artifacts.layers import layers
+    from mnistflow.reporting.plots import layer_examples, stage_outputs
+
+    res = predict_split(runs[1], threads=1)  # the 40-step MLP: it makes mistakes
+    picks = layer_examples(res)
+    wrong = [i for i in picks if res.pred[i] != res.labels[i]]
+    assert len(picks) == 4 and len(set(picks)) == 4 and picks[:2] == wrong[:2] and len(wrong) == 2
+    conf = res.probs.max(1)
+    mistakes = np.flatnonzero(res.pred != res.labels)
+    assert conf[picks[0]] == conf[mistakes].max()  # the most confident mistake leads
+    right = np.flatnonzero(res.pred == res.labels)
+    assert conf[picks[2]] == conf[right].max() and conf[picks[3]] == conf[right].min()
+    found = layers(res.predictor, res.predictor.info, res.images[picks[0]])[:-1]
+    rows = stage_outputs(found)
+    names = [layer.name for layer in found]
+    assert rows and rows[-1] is found[-1]
+    for layer in rows:  # each row ends a run of same-shaped layers
+        n = names.index(layer.name)
+        assert n + 1 == len(found) or found[n + 1].shape != layer.shape
+    assert len(stage_outputs(found * 5, rows=3)) == 3  # a deep model: at most `rows`, spread

@@ -44,6 +44,7 @@ from mnistflow.reporting.plots import (
     plot_compare,
     plot_confusion,
     plot_curve,
+    plot_layers,
     plot_lr,
     plot_misclassified,
     plot_per_class,
@@ -166,7 +167,7 @@ def build_report(run_dir: str | Path, out: str | Path | None = None, compare: It
     plots = {"loss.png": lambda: plot_curve(run, "loss"), "accuracy.png": lambda: plot_curve(run, "acc"),
              "lr.png": lambda: plot_lr(run), "throughput.png": lambda: plot_throughput(run),
              "confusion.png": lambda: plot_confusion(res), "misclassified.png": lambda: plot_misclassified(res),
-             "per_class.png": lambda: plot_per_class(res)}
+             "per_class.png": lambda: plot_per_class(res), "layers.png": lambda: plot_layers(res)}
     if compared:
         plots["compare.png"] = lambda: plot_compare([run, *compared])
     with stages(["predictions", *plots], "report") as stage:  # a bar on a terminal

@@ -27,11 +27,16 @@ CAPTIONS = {
                          "person would hesitate on too; confident mistakes on clear images are worth a look.",
     "per_class.png": "Accuracy of each class on the test set; the weakest is in red.",
     "compare.png": "Several runs' curves against epochs.",
+    "layers.png": "What the network sees: each column follows one test image (mistakes first, in red) "
+                  "through the network. Each row is the output of a stage, its most active channels "
+                  "as small pictures (dark: zero, bright: strong; red/blue for signed values), fully "
+                  "connected units in rows of 16; the bars are the probabilities (green: the true class, "
+                  "red: a wrong answer). 'mnistflow serve RUN' shows every layer of a picture you draw.",
 }
 TITLES = {"loss.png": "Loss", "accuracy.png": "Accuracy", "lr.png": "Learning rate",
           "throughput.png": "Throughput and data wait", "confusion.png": "Confusion matrix",
           "misclassified.png": "Mistakes", "per_class.png": "Accuracy per class",
-          "compare.png": "Compared with other runs"}
+          "compare.png": "Compared with other runs", "layers.png": "Layer by layer"}
 
 CSS = """
 body{font:15px/1.5 system-ui,-apple-system,"Segoe UI",sans-serif;margin:0 auto;max-width:980px;

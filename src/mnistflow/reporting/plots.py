@@ -13,6 +13,7 @@ from types import ModuleType
 import numpy as np
 
 from mnistflow.artifacts.runlog import RunLog, is_number
+from mnistflow.core.errors import MnistflowError
 from mnistflow.reporting.run import SplitPredictions
 
 DPI = 100
@@ -25,10 +26,13 @@ FIGSIZES: dict[str, tuple[float, float]] = {
     "confusion.png": (7.5, 6.5),
     "misclassified.png": (9, 7),
     "per_class.png": (9, 4),
+    "layers.png": (9, 11),
 }
 COMPARE_FIGSIZE = (11, 8)
 PLOT_SIZES = {k: (round(w * DPI), round(h * DPI)) for k, (w, h) in FIGSIZES.items()}
 COMPARE_SIZE = (round(COMPARE_FIGSIZE[0] * DPI), round(COMPARE_FIGSIZE[1] * DPI))
+LAYER_ROWS = 8  # feature rows of layers.png (besides the input and the probabilities)
+LAYER_TILES = 16  # channels shown per layer and image: the most active
 GRID = (5, 8)  # rows x columns of the misclassified grid: the 40 most confident mistakes
 TRAIN_COLOR, VAL_COLOR, TEST_COLOR = "#9bb7d4", "#d9480f", "#2b8a3e"
 
@@ -288,4 +292,101 @@ def plot_compare(runs: list[RunLog]) -> bytes:
     if handles:
         fig.legend(handles, labels, loc="outside lower center", ncols=min(len(labels), 3))
     fig.suptitle("Runs compared (against epochs: the runs may use different batch sizes)")
+    return _png(fig)
+
+
+def layer_examples(res: SplitPredictions, k: int = 4) -> list[int]:
+    """Which images layers.png follows: the two most confident mistakes, then right ones (the
+    most and the least confident), ``k`` in all."""
+    conf = res.probs.max(1) if len(res.probs) else np.zeros(0)
+    wrong = np.flatnonzero(res.pred != res.labels)
+    right = np.flatnonzero(res.pred == res.labels)
+    right = right[np.argsort(-conf[right], kind="stable")]
+    picks = list(wrong[np.argsort(-conf[wrong], kind="stable")][:2])
+    for i in (right[:1], right[-1:], right[1:k]):
+        picks += [int(j) for j in i if j not in picks]
+    return [int(i) for i in picks[:k]]
+
+
+def stage_outputs(found: list, rows: int = LAYER_ROWS) -> list:
+    """The layers worth a row: the last of each run of same-shaped layers (a block's output,
+    after its normalization and activation), at most ``rows`` of them, evenly spread."""
+    kept = [layer for n, layer in enumerate(found)
+            if n + 1 == len(found) or found[n + 1].shape != layer.shape]
+    if len(kept) > rows:
+        kept = [kept[round(i * (len(kept) - 1) / (rows - 1))] for i in range(rows)]
+    return kept
+
+
+def _mosaic(values: np.ndarray, tiles: int = LAYER_TILES) -> np.ndarray:
+    """A layer's output as one 2-D picture: C x H x W -> its ``tiles`` most active channels in a
+    grid, NaN between them; a vector -> its units in rows of 16 (NaN pads)."""
+    if values.ndim == 3 and values.shape[1] * values.shape[2] > 1:
+        act = np.abs(values).mean((1, 2))
+        chosen = values[np.sort(np.argsort(-act, kind="stable")[:tiles])]
+        cols = math.ceil(math.sqrt(len(chosen)))
+        rows = math.ceil(len(chosen) / cols)
+        h, w = chosen.shape[1:]
+        out = np.full((rows * (h + 1) - 1, cols * (w + 1) - 1), np.nan, np.float32)
+        for n, tile in enumerate(chosen):
+            r, c = divmod(n, cols)
+            out[r * (h + 1): r * (h + 1) + h, c * (w + 1): c * (w + 1) + w] = tile
+        return out
+    flat = values.ravel()[:1024]
+    cols = 16 if len(flat) > 16 else len(flat)
+    out = np.full(math.ceil(len(flat) / cols) * cols, np.nan, np.float32)
+    out[: len(flat)] = flat
+    return out.reshape(-1, cols)
+
+
+def plot_layers(res: SplitPredictions) -> bytes:
+    """A few test images through the model, layer by layer (``artifacts.layers``): a column per
+    image (mistakes first), a row per stage of the network, the probabilities at the bottom."""
+    import matplotlib as mpl
+
+    from mnistflow.artifacts.layers import layers
+
+    fig = _figure(FIGSIZES["layers.png"])
+    picks = layer_examples(res)
+    try:
+        seen = [layers(res.predictor, res.predictor.info, res.images[i]) for i in picks]
+    except MnistflowError as e:  # an ONNX model: no layers to hook
+        _no_data(fig.add_subplot(), f"no layers to show: {e}")
+        return _png(fig)
+    if not picks:
+        _no_data(fig.add_subplot(), "no images in this split")
+        return _png(fig)
+    names = [layer.name for layer in stage_outputs(seen[0][:-1])]
+    grid = fig.subplots(len(names) + 2, len(picks), squeeze=False,
+                        gridspec_kw={"height_ratios": [1.2] * (len(names) + 1) + [1]})
+    for col, (i, found) in enumerate(zip(picks, seen)):
+        by_name = {layer.name: layer for layer in found}
+        true, said = res.class_names[res.labels[i]][:12], res.class_names[res.pred[i]][:12]
+        img = res.images[i]
+        grid[0, col].imshow(img[..., 0] if img.shape[-1] == 1 else img, cmap="gray_r", interpolation="nearest")
+        grid[0, col].set_title(f"{true} \u2192 {said} ({100 * res.probs[i].max():.0f}%)", fontsize=9,
+                               color="#c92a2a" if true != said else "black")
+        for row, name in enumerate(names, 1):
+            v = by_name[name].values
+            signed = float(v.min()) < 0
+            top = float(np.abs(v).max()) or 1.0
+            cmap = mpl.colormaps["RdBu_r" if signed else "magma"].with_extremes(bad="white")
+            grid[row, col].imshow(_mosaic(v), cmap=cmap, vmin=-top if signed else 0, vmax=top,
+                                  interpolation="nearest", aspect="auto")
+        p = grid[-1, col]
+        p.bar(range(len(res.probs[i])), res.probs[i],
+              color=["#2b8a3e" if k == res.labels[i] else "#c92a2a" if k == res.pred[i] else "#adb5bd"
+                     for k in range(len(res.probs[i]))])
+        p.set_ylim(0, 1)
+        p.set_xticks([])
+    for row, name in enumerate(["input", *names, "probabilities"]):
+        layer = next((x for x in seen[0] if x.name == name), None)
+        label = name if layer is None or name == "probabilities" else f"{name}\n{layer.kind} {'x'.join(map(str, layer.shape))}"
+        grid[row, 0].set_ylabel(label, fontsize=7, rotation=0, ha="right", va="center")
+        for ax in grid[row]:
+            ax.set_xticks([])
+            ax.set_yticks([])
+            for spine in ax.spines.values():
+                spine.set_visible(row == len(names) + 1)
+    fig.suptitle(f"{len(picks)} {res.split} images through the network: the most active channels of each stage", fontsize=11)
     return _png(fig)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
+from mnistflow.artifacts.predictor import Predictor
 from mnistflow.core.errors import MnistflowError
 
 
@@ -23,6 +24,7 @@ class SplitPredictions:
     model: str
     dataset: str
     label_values: list[int] | None = None  # the original label of each output (None: 0..K-1)
+    predictor: Predictor | None = None  # the model that made ``probs`` (the report shows its layers)
     confusion: np.ndarray = field(init=False)
 
     def __post_init__(self):
@@ -68,4 +70,4 @@ def predict_split(run_dir: str | Path, *, data: str | Path | None = None, device
     probs = np.concatenate([predictor.predict(np.array(x[i:i + batch_size]))
                             for i in range(0, len(y), batch_size)] or [np.zeros((0, info.num_classes))])
     return SplitPredictions(split, np.asarray(x), np.asarray(y, dtype=np.int64), probs,
-                            info.class_names, info.model, info.dataset or rec.name, info.values)
+                            info.class_names, info.model, info.dataset or rec.name, info.values, predictor)
