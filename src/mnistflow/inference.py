@@ -40,7 +40,8 @@ import torch
 from mnistflow.artifacts.load import load_any
 from mnistflow.artifacts.model_info import ModelInfo, outputs_of_records
 from mnistflow.artifacts.onnx import OnnxBackend
-from mnistflow.artifacts.predictor import BATCH, Predictor, as_predictor, inference_model
+from mnistflow.artifacts.predictor import (BATCH, Predictor, as_predictor, default_batch, inference_model,
+                                           takes_channels_last)
 from mnistflow.artifacts.rundir import SUMMARY
 from mnistflow.artifacts.runlog import describe_views, read_summary
 from mnistflow.core import choices
@@ -51,7 +52,8 @@ from mnistflow.core.progress import above_bars, progress
 from mnistflow.data import memory, picture
 from mnistflow.data.augment import mirror_safe
 from mnistflow.data.image_stream import ImageStream, pictures_in
-from mnistflow.runtime.cpu import set_threads
+from mnistflow.core import openmp
+from mnistflow.runtime.cpu import BusyCores, env_threads, set_threads, threads_for_load, usable_cores
 from mnistflow.runtime.device import Amp, pick_device, pick_precision
 
 __all__ = ["evaluate", "format_eval", "predict", "predict_batches", "format_predictions", "write_predictions"]
@@ -70,8 +72,8 @@ def evaluate(model_path: str | Path, split: str = "test", *, data: str | Path | 
     ``precision``: fp32, bf16, or auto: the precision a run directory's own evaluations used
     (its summary.json) where this device runs it fast, so that eval gives the run's own figure
     (bf16 and fp32 disagree on a few images), else fp32 (a model file, or a bf16 run on a CPU
-    without bf16 units). ``batch_size``: images per forward pass (default: ``BATCH`` on a CPU,
-    for its caches; ``DEVICE_BATCH`` on a GPU). On a CPU the images are read from the records
+    without bf16 units). ``batch_size``: images per forward pass (default: as many as fit the
+    CPU's caches, ``artifacts.predictor.default_batch``). On a CPU the images are read from the records
     a batch at a time (memory bounded by the batch, not the split); a progress bar shows on a
     terminal."""
     from mnistflow.data import make_loader, open_data
@@ -79,15 +81,20 @@ def evaluate(model_path: str | Path, split: str = "test", *, data: str | Path | 
 
     check_tta(tta)
     _check_precision(precision)
+    if batch_size is not None:
+        _check_batch_size(batch_size)
     dev = pick_device(device)
-    batch_size = batch_size if batch_size is not None else BATCH if dev.type == "cpu" else DEVICE_BATCH
-    _check_batch_size(batch_size)
     set_threads(threads)
+    busy = BusyCores()
     model, info = load_any(model_path, model_name, dev, data=data)
+    _fit_threads(threads, busy)
     if isinstance(model, OnnxBackend):
         dev = model.device
     else:
         model = inference_model(model)
+    amp = Amp.create(_precision_for(precision, model_path, dev), dev)
+    if batch_size is None:
+        batch_size = BATCH if isinstance(model, OnnxBackend) else default_batch(model, info, amp)
     rec = open_data(data, fallback=info.records)
     if rec.in_shape != tuple(info.in_shape):
         raise MnistflowError(f"records hold {rec.shape} images but the model takes "
@@ -95,25 +102,24 @@ def evaluate(model_path: str | Path, split: str = "test", *, data: str | Path | 
     outputs = outputs_of_records(info, rec, split)  # checked before any image is classified
     # normalized as the model was trained (its own mean and std), not by the evaluated records'
     loader = make_loader(rec, split, batch_size=batch_size, device=dev, train=False, norm=(info.mean, info.std),
-                         channels_last=_takes_channels_last(model), resident="no" if dev.type == "cpu" else "auto")
+                         channels_last=takes_channels_last(model), resident="no" if dev.type == "cpu" else "auto")
     mirror = mirror_safe(info.dataset or rec.name)
-    precision = _precision_for(precision, model_path, dev)
     with progress(rec.size(split), "eval", "img", unit_scale=True, delay=PROGRESS_DELAY_S) as bar:
-        res = run_eval(model, _Batches(loader, outputs, bar), Amp.create(precision, dev), info.num_classes,
-                       confusion=True, tta=tta, mirror=mirror)
-    res.update(split=split, tta=tta, precision=precision, tta_mirror=bool(tta) and mirror, model=info.model,
+        res = run_eval(model, _Batches(loader, outputs, bar), amp, info.num_classes, confusion=True, tta=tta,
+                       mirror=mirror)
+    res.update(split=split, tta=tta, precision=amp.precision, tta_mirror=bool(tta) and mirror, model=info.model,
                class_names=info.class_names, label_values=info.values, records=str(rec.path))
     return res
 
 
-DEVICE_BATCH = 2000  # evaluate's batch on a GPU: enough images to keep it busy
-
-
-def _takes_channels_last(model: object) -> bool:
-    """Whether ``model``'s input is best given channels-last: a PyTorch model that
-    ``inference_model`` made channels-last (ONNX Runtime takes NCHW)."""
-    w = next((p for p in model.parameters() if p.dim() == 4), None) if isinstance(model, torch.nn.Module) else None
-    return w is not None and w.is_contiguous(memory_format=torch.channels_last)
+def _fit_threads(threads: int | None, busy: BusyCores) -> None:
+    """Fewer intra-op threads than the usable cores when other processes keep some busy (as
+    training chooses: a thread sharing a core with a busy process stalls the others at every
+    op), measured over the model's loading (``busy``, no wait of its own); not when the caller,
+    ``$MNISTFLOW_THREADS`` or an idle machine at start (``core.openmp``) chose."""
+    if threads or env_threads() or openmp.chosen == "spin" or torch.get_num_threads() == 1:
+        return
+    torch.set_num_threads(threads_for_load(torch.get_num_threads(), usable_cores(), busy.elsewhere()))
 
 
 def _check_precision(precision: object) -> None:
@@ -239,8 +245,6 @@ def _check_array(a: np.ndarray | torch.Tensor, in_shape: tuple[int, int, int]) -
     return batch
 
 
-
-
 @dataclass
 class Predictions:
     """The predictions of consecutive images: their ``names``, the way each was made
@@ -304,20 +308,24 @@ PROGRESS_DELAY_S = 1.0  # a bar shows only for a run longer than this: a few pic
 def predict_batches(model_path: str | Path, images: str | Path | list[str | Path] | np.ndarray, *,
                     as_is: bool = False, device: str = "cpu", model_name: str | None = None,
                     data: str | Path | None = None, max_pixels: int | None = None,
-                    batch_size: int = BATCH, precision: str = "auto") -> PredictionStream:
+                    batch_size: int | None = None, precision: str = "auto") -> PredictionStream:
     """:func:`predict` a batch at a time: the model is loaded and the inputs checked (IDX
-    headers, missing files) now; iterating classifies ``batch_size`` images at a time, as
+    headers, missing files) now; iterating classifies ``batch_size`` images at a time (default:
+    as many as fit the CPU's caches, ``artifacts.predictor.default_batch``), as
     :class:`Predictions` (their ``probs``: a (B, K) float32 array), so memory is bounded by the
     batch whatever the number of images. ``precision``: fp32, bf16, or auto (as ``evaluate``:
     the run's own where this device runs it fast, else fp32)."""
     given = _image_arg(images)  # checked before the model is loaded
     if not _is_array(given) and not given:
         raise MnistflowError("no images given")
-    _check_batch_size(batch_size)
+    if batch_size is not None:
+        _check_batch_size(batch_size)
     _check_precision(precision)
     set_threads(None)  # $MNISTFLOW_THREADS or the usable cores, as eval and train (a bad value: one line)
     dev = pick_device(device)
+    busy = BusyCores()
     model, info = load_any(model_path, model_name, dev, data=data)
+    _fit_threads(None, busy)
     shape = tuple(info.in_shape)
     if _is_array(given):
         stream = ImageStream([_check_array(given, shape)], None)
@@ -325,13 +333,14 @@ def predict_batches(model_path: str | Path, images: str | Path | list[str | Path
         target = picture.Target.of(shape, info.mean, info.dataset)
         stream = ImageStream.of_paths(given, target, as_is=bool(as_is), max_pixels=max_pixels)
     precision = _precision_for(precision, model_path, getattr(model, "device", dev))
-    return PredictionStream(as_predictor(model, info, precision=precision), stream, batch_size)
+    predictor = as_predictor(model, info, precision=precision, batch_size=batch_size)
+    return PredictionStream(predictor, stream, batch_size or getattr(predictor, "batch_size", BATCH))
 
 
 def predict(model_path: str | Path, images: str | Path | list[str | Path] | np.ndarray, *,
             as_is: bool = False, device: str = "cpu", model_name: str | None = None,
             data: str | Path | None = None, max_pixels: int | None = None,
-            batch_size: int = BATCH, precision: str = "auto") -> list[dict]:
+            batch_size: int | None = None, precision: str = "auto") -> list[dict]:
     """Label and class probabilities for each image: ``images`` is one path or a list of paths
     (picture files, folders of them, IDX files of many images), or an array of images
     already at the model's size (numpy or torch; any layout and pixel scale ``train`` takes),

@@ -187,3 +187,22 @@ def test_every_format_writes_what_predict_returns(model, files):
     assert [float(v) for v in rows[-1][5:]] == want[-1]["probabilities"]
     with pytest.raises(MnistflowError, match="--format 'xml': expected one of table, json, jsonl, csv"):
         write_predictions(predict_batches(model, paths), "xml", io.StringIO())
+
+
+def test_the_batch_keeps_the_largest_tensor_within_the_cache(monkeypatch):
+    """``cache_batch``: the L3 cache over the largest tensor of one image's forward pass (the
+    input, or a layer's output), within MIN_BATCH..MAX_BATCH; BATCH where the cache is unknown."""
+    from mnistflow.artifacts import predictor
+    from mnistflow.runtime import cpu
+
+    cnn = create_model("seed-cnn")  # its first convolution's output: 32 x 28 x 28 float32
+    info = ModelInfo("seed-cnn", [1, 28, 28], INFO.class_names, [33.0], [78.0])
+    amp = predictor.Amp.create("fp32", torch.device("cpu"))
+    monkeypatch.setattr(cpu, "l3_bytes", lambda: 32 << 20)
+    assert predictor.cache_batch(cnn, info, amp) == (32 << 20) // (32 * 28 * 28 * 4)
+    assert predictor.cache_batch(create_model("softmax"), INFO, amp) == predictor.MAX_BATCH
+    monkeypatch.setattr(cpu, "l3_bytes", lambda: 1 << 20)
+    assert predictor.cache_batch(cnn, info, amp) == predictor.MIN_BATCH
+    monkeypatch.setattr(cpu, "l3_bytes", lambda: None)
+    assert predictor.TorchBackend(cnn, info).batch_size == predictor.BATCH
+    assert predictor.TorchBackend(cnn, info, batch_size=7).batch_size == 7

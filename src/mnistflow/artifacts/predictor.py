@@ -27,22 +27,25 @@ class Predictor(Protocol):
         """uint8 images (N, H, W, C) at the model's size -> class probabilities (N, K)."""
 
 
-BATCH = 256  # images per forward pass: the activations stay in the CPU's caches (BENCHMARKS.md)
+BATCH = 256  # images per forward pass where the cache rule cannot tell (``cache_batch``)
+DEVICE_BATCH = 2000  # on a GPU: enough images to keep it busy
+MIN_BATCH, MAX_BATCH = 32, 4096
 
 
 class TorchBackend:
     """A PyTorch model in eval mode (``inference_model``); safe to call from several threads
-    (``inference_mode``). ``predict`` runs ``batch_size`` images at a time, in ``precision``
-    (fp32, or bf16 / fp16 under autocast: ``runtime.device.Amp``)."""
+    (``inference_mode``). ``predict`` runs ``batch_size`` images at a time (default:
+    ``default_batch``), in ``precision`` (fp32, or bf16 / fp16 under autocast:
+    ``runtime.device.Amp``)."""
 
     backend = "pytorch"
 
     def __init__(self, model: nn.Module, info: ModelInfo, *, precision: str = "fp32",
-                 batch_size: int = BATCH):
+                 batch_size: int | None = None):
         self.model, self.info = inference_model(model), info
         self.params = sum(p.numel() for p in model.parameters())
-        self.batch_size = batch_size
         self.amp = Amp.create(precision, _device(model))
+        self.batch_size = batch_size or default_batch(self.model, info, self.amp)
 
     @torch.inference_mode()
     def predict(self, batch: np.ndarray) -> np.ndarray:
@@ -54,22 +57,58 @@ class TorchBackend:
         return out
 
 
+def default_batch(model: nn.Module, info: ModelInfo, amp: Amp) -> int:
+    """Images per forward pass: on a CPU, ``cache_batch``; on a GPU, ``DEVICE_BATCH``."""
+    return cache_batch(model, info, amp) if _device(model).type == "cpu" else DEVICE_BATCH
+
+
+@torch.inference_mode()
+def cache_batch(model: nn.Module, info: ModelInfo, amp: Amp) -> int:
+    """As many images as keep the largest tensor of a batch's forward pass (the input or a
+    layer's output, measured on one image in ``amp``'s precision) within the CPU's L3 cache,
+    between ``MIN_BATCH`` and ``MAX_BATCH``: each layer then reads its input from the cache
+    (seed-cnn: ~330 images, the fast net ~1300; either way around, 10-25% slower on a Zen 3).
+    ``BATCH`` where the cache or the layers cannot be told (a ``.pt2`` program, a forward pass
+    that fails)."""
+    from mnistflow.artifacts.pt2 import ExportedModel
+    from mnistflow.runtime.cpu import l3_bytes
+
+    cache = l3_bytes()
+    if cache is None or isinstance(model, ExportedModel):
+        return BATCH
+    largest = [int(np.prod(info.in_shape)) * 4]  # the normalized input, float32
+    leaves = [m for m in model.modules() if not any(True for _ in m.children())]
+    handles = [m.register_forward_hook(lambda _m, _i, out: largest.append(
+        out.numel() * out.element_size() if isinstance(out, torch.Tensor) else 0)) for m in leaves]
+    try:
+        with amp.autocast():
+            torch_probabilities(model, info, np.zeros((1, *info.in_shape[1:], info.in_shape[0]), np.uint8))
+    except Exception:  # a model that fails on a blank image fails where it is used, not here
+        return BATCH
+    finally:
+        for h in handles:
+            h.remove()
+    return int(min(max(cache // max(largest), MIN_BATCH), MAX_BATCH))
+
+
 def inference_model(model: nn.Module) -> nn.Module:
     """``model`` (changed in place) ready to classify: in eval mode and, when it has
     convolutions (4-D weights), channels-last, as training runs it (mnistflow's pooling and
     batch-norm kernels take channels-last tensors; elsewhere PyTorch's ops run slower on NCHW
     at these sizes). A ``.pt2`` program is left as it was traced."""
     model.eval()
-    if _channels_last(model):
+    if takes_channels_last(model):
         model.to(memory_format=torch.channels_last)
     return model
 
 
-def _channels_last(model: nn.Module) -> bool:
-    """Whether ``inference_model`` makes ``model`` channels-last (and its input is)."""
+def takes_channels_last(model: object) -> bool:
+    """Whether ``inference_model`` makes ``model`` channels-last, and so its input is best given
+    channels-last (an ONNX backend or a ``.pt2`` program takes NCHW)."""
     from mnistflow.artifacts.pt2 import ExportedModel
 
-    return not isinstance(model, ExportedModel) and any(p.dim() == 4 for p in model.parameters())
+    return (isinstance(model, nn.Module) and not isinstance(model, ExportedModel)
+            and any(p.dim() == 4 for p in model.parameters()))
 
 
 def _device(model: nn.Module) -> torch.device:
@@ -83,17 +122,17 @@ def torch_probabilities(model: nn.Module, info: ModelInfo, batch: np.ndarray) ->
     ``artifacts.layers``. Call it under ``torch.inference_mode``."""
     from mnistflow.data.normalize import normalize
 
-    x = normalize(batch, info.mean, info.std, _device(model), channels_last=_channels_last(model))
+    x = normalize(batch, info.mean, info.std, _device(model), channels_last=takes_channels_last(model))
     return torch.softmax(model(x).float(), 1)
 
 
 def as_predictor(model: nn.Module | OnnxBackend | Predictor, info: ModelInfo, *,
-                 precision: str = "fp32") -> Predictor:
-    """What ``load_any`` returned, as a Predictor (a PyTorch model runs in ``precision``; ONNX
-    Runtime in the precision it was exported in)."""
+                 precision: str = "fp32", batch_size: int | None = None) -> Predictor:
+    """What ``load_any`` returned, as a Predictor (a PyTorch model runs in ``precision``,
+    ``batch_size`` images a forward pass; ONNX Runtime as it was exported)."""
     if hasattr(model, "predict") and hasattr(model, "backend"):
         return model
-    return TorchBackend(model, info, precision=precision)
+    return TorchBackend(model, info, precision=precision, batch_size=batch_size)
 
 
 def predict_arrays(model: nn.Module | OnnxBackend, info: ModelInfo, images: np.ndarray) -> np.ndarray:
