@@ -342,8 +342,9 @@ def _add_predict(sub) -> None:
     out.add_argument("--json", action="store_true", help="--format json, and no progress bar")
     p.add_argument("--batch-size", type=_int_in(1, limits.MAX_INT), default=None,
                    help="images per forward pass (default: one that fits a CPU's caches)")
-    p.add_argument("--precision", default="auto", choices=choices.PRECISIONS,
-                   help="auto (default): the run's own precision where this device runs it fast, else fp32")
+    p.add_argument("--precision", default="fp32", choices=choices.PRECISIONS,
+                   help="fp32 (default: as serve and the exports), bf16 (faster on CPUs with bf16 units; "
+                        "a few answers differ), or auto: as eval, the run's own where this device runs it fast")
     p.add_argument("--max-pixels", type=_int_in(1, limits.MAX_INT), default=None, metavar="N",
                    help="largest picture decoded, in pixels, checked from its header before decoding "
                         "(default 16,777,216 = 4096x4096)")

@@ -308,13 +308,14 @@ PROGRESS_DELAY_S = 1.0  # a bar shows only for a run longer than this: a few pic
 def predict_batches(model_path: str | Path, images: str | Path | list[str | Path] | np.ndarray, *,
                     as_is: bool = False, device: str = "cpu", model_name: str | None = None,
                     data: str | Path | None = None, max_pixels: int | None = None,
-                    batch_size: int | None = None, precision: str = "auto") -> PredictionStream:
+                    batch_size: int | None = None, precision: str = "fp32") -> PredictionStream:
     """:func:`predict` a batch at a time: the model is loaded and the inputs checked (IDX
     headers, missing files) now; iterating classifies ``batch_size`` images at a time (default:
     as many as fit the CPU's caches, ``artifacts.predictor.default_batch``), as
     :class:`Predictions` (their ``probs``: a (B, K) float32 array), so memory is bounded by the
-    batch whatever the number of images. ``precision``: fp32, bf16, or auto (as ``evaluate``:
-    the run's own where this device runs it fast, else fp32)."""
+    batch whatever the number of images. ``precision``: fp32 (what ``serve`` and the exports
+    compute), bf16 (several times faster on CPUs with bf16 units; a few answers differ), or auto
+    (as ``evaluate``: the run's own where this device runs it fast, else fp32)."""
     given = _image_arg(images)  # checked before the model is loaded
     if not _is_array(given) and not given:
         raise MnistflowError("no images given")
@@ -340,7 +341,7 @@ def predict_batches(model_path: str | Path, images: str | Path | list[str | Path
 def predict(model_path: str | Path, images: str | Path | list[str | Path] | np.ndarray, *,
             as_is: bool = False, device: str = "cpu", model_name: str | None = None,
             data: str | Path | None = None, max_pixels: int | None = None,
-            batch_size: int | None = None, precision: str = "auto") -> list[dict]:
+            batch_size: int | None = None, precision: str = "fp32") -> list[dict]:
     """Label and class probabilities for each image: ``images`` is one path or a list of paths
     (picture files, folders of them, IDX files of many images), or an array of images
     already at the model's size (numpy or torch; any layout and pixel scale ``train`` takes),

@@ -82,3 +82,19 @@ def test_eval_of_60000_images_in_memory_flat_in_n(big, tmp_path):
     assert runs["many"][0]["n"] == N and runs["few"][0]["n"] == 1_000
     mapped_kb = N * 28 * 28 // 1024
     assert runs["many"][1] - runs["few"][1] <= GROWTH_KB + mapped_kb, (runs["few"][1], runs["many"][1])
+
+
+def test_a_long_predict_shows_a_bar_with_the_time_left_on_a_terminal(big):
+    """On a terminal: a bar (count, rate, time left) on stderr while the rows come, the rows
+    written above it, and no bar left at the end; the bar fits the terminal."""
+    from helpers.terminal import run_in_pty, screen, segments
+
+    tmp, model, _, _ = big
+    code, raw = run_in_pty(["predict", str(model), str(tmp / "many-idx3-ubyte"), "--format", "csv"])
+    assert code == 0, raw[-500:]
+    bars = [s for s in segments(raw) if s.startswith("predict:")]
+    assert bars and any("img/s" in s and "<" in s for s in bars), segments(raw)[:5]
+    assert all(len(s) <= 80 for s in bars)
+    rows = [s for s in segments(raw) if s.startswith("many-idx3-ubyte[")]
+    assert len(rows) == N and rows[-1].startswith(f"many-idx3-ubyte[{N - 1}],none,")
+    assert not any("predict:" in line for line in screen(raw, cols=1000))
