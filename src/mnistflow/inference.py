@@ -58,6 +58,9 @@ from mnistflow.runtime.device import Amp, pick_device, pick_precision
 
 __all__ = ["evaluate", "format_eval", "predict", "predict_batches", "format_predictions", "write_predictions"]
 
+PROGRESS_DELAY_S = 1.0  # eval's and predict's bar shows only for a run longer than this
+
+
 def check_tta(views: int) -> None:
     """``--tta``: one of ``TTA_VIEWS``."""
     if views not in TTA_VIEWS:
@@ -300,9 +303,6 @@ class PredictionStream:
                 probs = self.predictor.predict(batch.images)
                 yield Predictions(batch.names, batch.preprocess, probs, self.info)
                 bar.update(len(batch))
-
-
-PROGRESS_DELAY_S = 1.0  # a bar shows only for a run longer than this: a few pictures show none
 
 
 def predict_batches(model_path: str | Path, images: str | Path | list[str | Path] | np.ndarray, *,
