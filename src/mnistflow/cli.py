@@ -355,8 +355,7 @@ def _run_predict(a) -> int:
     from mnistflow.inference import predict_batches, write_predictions
 
     preds = predict_batches(a.model, a.images, as_is=a.as_is, device=a.device, model_name=a.model_name,
-                            max_pixels=a.max_pixels, precision=a.precision,
-                            **({} if a.batch_size is None else {"batch_size": a.batch_size}))
+                            max_pixels=a.max_pixels, precision=a.precision, batch_size=a.batch_size)
     write_predictions(preds, "json" if a.json else a.format)
     return 0
 

@@ -253,7 +253,7 @@ def l3_bytes() -> int | None:
     it is not told."""
     root = "/sys/devices/system/cpu/cpu0/cache"
     try:
-        for entry in sorted(os.listdir(root)):
+        for entry in sorted(e for e in os.listdir(root) if e.startswith("index")):
             with open(f"{root}/{entry}/level") as f:
                 if f.read().strip() != "3":
                     continue
