@@ -33,6 +33,13 @@ from common import machine, table  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 HEADING = "## Predicting at scale (`benchmarks/bench_predict_scale.py`)"
+NOTE = """Each row is one `mnistflow predict MODEL IDX --json` process on the first N of MNIST's
+training images (a gzipped IDX file), start-up included; N = 1 is the start-up alone, and
+`img/s less start-up` takes it out. `before`: the code at the base ref; `after`: the working
+tree in fp32 PyTorch, then the same model exported to ONNX and run in ONNX Runtime (and in bf16
+on CPUs with bf16 units). `rss_mb`: the process's peak resident memory. `same top-1`: every
+label equal to before's. Serving: `POST /api/predict` with JSON pixels of real test digits from
+1 and 16 keep-alive clients on the same machine, before and after."""
 # A child mnistflow reports its own peak resident memory at exit (as tests/helpers/memory.py).
 MEASURED = """
 import atexit, os, runpy, sys
@@ -245,7 +252,7 @@ def main() -> None:
     print(f"\n{head}\n\n{text}")
     if a.write:
         cmd = " ".join(["python benchmarks/bench_predict_scale.py", *sys.argv[1:]])
-        write_section(a.write, f"{HEADING}\n\n`{cmd}`\n\n{head}\n\n```\n{text}\n```\n")
+        write_section(a.write, f"{HEADING}\n\n{NOTE}\n\n`{cmd}`\n\n{head}\n\n```\n{text}\n```\n")
 
 
 if __name__ == "__main__":
