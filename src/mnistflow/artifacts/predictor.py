@@ -29,7 +29,9 @@ class Predictor(Protocol):
 
 BATCH = 256  # images per forward pass where the cache rule cannot tell (``cache_batch``)
 DEVICE_BATCH = 2000  # on a GPU: enough images to keep it busy
-MIN_BATCH, MAX_BATCH = 32, 4096
+# past ~1,000 images a batch's fixed costs are paid off, and its answers (a dict, ~1 KB, each)
+# and inputs still take only megabytes
+MIN_BATCH, MAX_BATCH = 32, 1024
 
 
 class TorchBackend:
@@ -67,7 +69,8 @@ def cache_batch(model: nn.Module, info: ModelInfo, amp: Amp) -> int:
     """As many images as keep the largest tensor of a batch's forward pass (the input or a
     layer's output, measured on one image in ``amp``'s precision) within the CPU's L3 cache,
     between ``MIN_BATCH`` and ``MAX_BATCH``: each layer then reads its input from the cache
-    (seed-cnn: ~330 images, the fast net ~1300; either way around, 10-25% slower on a Zen 3).
+    (seed-cnn: ~330 images, the fast net ~1300, so 1024; a batch 4 times smaller or larger ran
+    10-25% slower on a Zen 3).
     ``BATCH`` where the cache or the layers cannot be told (a ``.pt2`` program, a forward pass
     that fails)."""
     from mnistflow.artifacts.pt2 import ExportedModel
