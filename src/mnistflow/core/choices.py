@@ -7,6 +7,6 @@ PRECISIONS = ("auto", "fp32", "bf16", "fp16")  # auto: bf16 where the hardware i
 OPTIMIZERS = ("sgd", "momentum", "adadelta", "adagrad", "adam", "adamw", "rmsprop", "muon")
 SCHEDULES = ("constant", "step", "cosine", "onecycle", "linear")
 # --augment: auto (the dataset's own policy), off, or a policy of data.augment (keyed by these names)
-AUGMENT = ("auto", "off", "glyphs", "clothing", "photos", "shifts")
+AUGMENT = ("auto", "off", "glyphs", "elastic", "clothing", "photos", "shifts")
 EXPORT_FORMATS = ("onnx", "pt2", "npz", "safetensors")  # mnistflow export --format (exporting)
 TTA_VIEWS = (0, 2, 4, 8)  # extra views: left/right, + up/down, + the diagonals (models.evaluate)

@@ -243,7 +243,8 @@ class TrainConfig:
     augment: str = setting(
         "off", "data", "augment the training batches on the device: auto (the dataset's own policy; "
                        "shifts for inputs it does not know), off, or a policy: glyphs (small shifts "
-                       "and rotations, never flips: digits, letters), clothing (horizontal flips and "
+                       "and rotations, never flips: digits, letters), elastic (glyphs plus elastic "
+                       "distortion), clothing (horizontal flips and "
                        "shifted crops), photos (padded crops, flips and cutout), shifts (small shifts "
                        "only); the run records the policy it used",
         choices=choices.AUGMENT, flag=dict(nargs="?", const="auto", metavar="POLICY", off="off"))
