@@ -68,3 +68,10 @@ class ValueBranchNet(TinyNet):
         if logits.sum() > 0:
             return logits
         return 2 * logits
+
+
+class SortNet(TinyNet):
+    """Sorts its logits: an operation the exported web page cannot run (``artifacts.web``)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.sort(super().forward(x), dim=1).values
