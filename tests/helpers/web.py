@@ -89,3 +89,27 @@ def layers_of(page, image: np.ndarray) -> list[dict]:
     for layer in got:
         layer["values"] = np.frombuffer(base64.b64decode(layer["values"]), "<f4").reshape(layer["shape"])
     return got
+
+
+_TIMES = """async ([px, calls]) => {
+  const t0 = performance.now();
+  await window.mnistflow.predict(px);  // the first call decodes the weights
+  const first = performance.now() - t0, predict = [], layers = [];
+  for (let i = 0; i < calls; i++) {
+    let t = performance.now();
+    await window.mnistflow.predict(px);
+    predict.push(performance.now() - t);
+    t = performance.now();
+    await window.mnistflow.layers(px);
+    layers.push(performance.now() - t);
+  }
+  return {first, predict, layers};
+}"""
+
+
+def timings(page, image: np.ndarray, calls: int) -> dict:
+    """Milliseconds (the page's clock) of the first ``predict`` call of a fresh page (it decodes
+    the weights) and of ``calls`` more ``predict`` and ``layers`` calls each: {first, predict,
+    layers}, the lists sorted."""
+    got = page.evaluate(_TIMES, [image.ravel().tolist(), calls])
+    return {"first": got["first"], "predict": sorted(got["predict"]), "layers": sorted(got["layers"])}

@@ -63,35 +63,46 @@
     }
   }
 
-  // out[(o - o0) * stride + p] = bias[o] + dot(w row o, x row p) for o in [o0, o1), p < P: the rows
-  // of x (length k) against the rows of w, four rows of w at a time (each x value read once for
-  // four products); sums in double precision.
+  // out[at + (o - o0) * stride + p] = bias[o] + dot(w row o, x row p), for o in [o0, o1) and p < P: the
+  // rows of x (length k) against the rows of w, in blocks of four rows of w and two of x (each value
+  // read once for several products); sums in double precision.
   function matmul(w, x, k, P, o0, o1, bias, out, at, stride) {
+    const b = (o) => (bias ? bias[o] : 0);
     let o = o0;
     for (; o + 3 < o1; o += 4) {
       const w0 = o * k, w1 = w0 + k, w2 = w1 + k, w3 = w2 + k;
-      for (let p = 0; p < P; p++) {
-        const xo = p * k;
-        let s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+      let p = 0;
+      for (; p + 1 < P; p += 2) {
+        const xa = p * k, xb = xa + k;
+        let a0 = 0, a1 = 0, a2 = 0, a3 = 0, b0 = 0, b1 = 0, b2 = 0, b3 = 0;
         for (let i = 0; i < k; i++) {
-          const v = x[xo + i];
-          s0 += w[w0 + i] * v;
-          s1 += w[w1 + i] * v;
-          s2 += w[w2 + i] * v;
-          s3 += w[w3 + i] * v;
+          const u = x[xa + i], v = x[xb + i], c0 = w[w0 + i], c1 = w[w1 + i], c2 = w[w2 + i], c3 = w[w3 + i];
+          a0 += c0 * u; a1 += c1 * u; a2 += c2 * u; a3 += c3 * u;
+          b0 += c0 * v; b1 += c1 * v; b2 += c2 * v; b3 += c3 * v;
         }
         const q = at + (o - o0) * stride + p;
-        out[q] = (bias ? bias[o] : 0) + s0;
-        out[q + stride] = (bias ? bias[o + 1] : 0) + s1;
-        out[q + 2 * stride] = (bias ? bias[o + 2] : 0) + s2;
-        out[q + 3 * stride] = (bias ? bias[o + 3] : 0) + s3;
+        out[q] = b(o) + a0; out[q + stride] = b(o + 1) + a1; out[q + 2 * stride] = b(o + 2) + a2;
+        out[q + 3 * stride] = b(o + 3) + a3;
+        out[q + 1] = b(o) + b0; out[q + 1 + stride] = b(o + 1) + b1; out[q + 1 + 2 * stride] = b(o + 2) + b2;
+        out[q + 1 + 3 * stride] = b(o + 3) + b3;
+      }
+      for (; p < P; p++) {
+        const xa = p * k;
+        let a0 = 0, a1 = 0, a2 = 0, a3 = 0;
+        for (let i = 0; i < k; i++) {
+          const u = x[xa + i];
+          a0 += w[w0 + i] * u; a1 += w[w1 + i] * u; a2 += w[w2 + i] * u; a3 += w[w3 + i] * u;
+        }
+        const q = at + (o - o0) * stride + p;
+        out[q] = b(o) + a0; out[q + stride] = b(o + 1) + a1; out[q + 2 * stride] = b(o + 2) + a2;
+        out[q + 3 * stride] = b(o + 3) + a3;
       }
     }
     for (; o < o1; o++) {
       for (let p = 0; p < P; p++) {
         let s = 0;
         for (let i = 0, wo = o * k, xo = p * k; i < k; i++) s += w[wo + i] * x[xo + i];
-        out[at + (o - o0) * stride + p] = (bias ? bias[o] : 0) + s;
+        out[at + (o - o0) * stride + p] = b(o) + s;
       }
     }
   }
