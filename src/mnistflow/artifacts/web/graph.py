@@ -77,9 +77,9 @@ class Tracer(TorchFunctionMode):
         self.value: dict[int, int] = {}  # id(tensor) -> the node that computed it
         self.keep: list[Any] = []  # every tensor seen, alive: their ids stay unique
         self.const_of: dict[int, int] = {}  # id(constant tensor) -> its const node
-        self.opaque = opaque  # leaf module type -> builder (ops.OPAQUE)
+        self.opaque = opaque  # leaf module type -> builder (trace.opaque)
         self.depth = 0  # > 0 inside an opaque leaf: its insides are not recorded
-        self.where: list[tuple[str, str]] = [("", type(model).__name__)]  # module name, kind
+        self.where: list[tuple[str, str, bool]] = [("", type(model).__name__, False)]  # name, kind, leaf
         self.calls: dict[str, int] = {}
         self.leaf_input: list[Any] = []
 
@@ -154,17 +154,20 @@ class Tracer(TorchFunctionMode):
 
     # --- the hooks --------------------------------------------------------------------------
     def enter(self, mod: nn.Module, name: str, args: tuple) -> None:
-        self.where.append((name, type(mod).__name__))
-        if any(True for _ in mod.children()):
-            return
-        self.leaf_input.append(args[0] if args else None)
-        if type(mod) in self.opaque:
-            self.depth += 1
+        leaf = not any(True for _ in mod.children())
+        self.where.append((name, type(mod).__name__, leaf))
+        if leaf:
+            self.leaf_input.append(args[0] if args else None)
+            self.depth += type(mod) in self.opaque
 
     def leave(self, mod: nn.Module, name: str, out: Any) -> None:
+        if self.where[-1][2]:
+            self.leaf_done(mod, name, out)
         self.where.pop()
-        if any(True for _ in mod.children()):
-            return
+
+    def leaf_done(self, mod: nn.Module, name: str, out: Any) -> None:
+        """A leaf module returned ``out``: an opaque one is recorded now; the output is a layer
+        (as ``artifacts.layers`` shows one: a floating-point tensor with a dimension)."""
         x = self.leaf_input.pop()
         if type(mod) in self.opaque:
             self.depth -= 1
@@ -175,12 +178,14 @@ class Tracer(TorchFunctionMode):
         if isinstance(out, (tuple, list)):
             out = next((o for o in out if torch.is_tensor(o)), None)
         if not torch.is_tensor(out) or out.dim() == 0 or not out.is_floating_point():
-            return  # artifacts.layers shows no such output either
+            return
         self.calls[name] = self.calls.get(name, 0) + 1
         shown = name if self.calls[name] == 1 else f"{name}#{self.calls[name]}"
         self.g.layers.append({"name": shown, "kind": type(mod).__name__, "node": self.node(out)})
 
     def refusal(self, why: str) -> MnistflowError:
-        name, kind = self.where[-1]
-        who = f"layer '{name}' ({kind})" if name else f"the model ({kind})"
+        """``why`` as one error line naming the module running: a layer (a leaf module), a
+        module that holds layers, or the model itself."""
+        name, kind, leaf = self.where[-1]
+        who = f"layer '{name}' ({kind})" if leaf and name else f"'{name}' ({kind})" if name else f"the model ({kind})"
         return MnistflowError(f"{who}: {why}; the web export runs the operations docs/web.md lists")

@@ -247,6 +247,11 @@ def _dropout(tr, args, kwargs, out):
     tr.alias(out, tr.node(args[0]))
 
 
+def _constant(tr, args, kwargs, out):
+    """``zeros_like(x)`` and the like: the same values whatever the input, a constant."""
+    tr.alias(out, tr.node(out.detach()))
+
+
 def _cat(tr, args, kwargs, out):
     tensors = list(_a(args, kwargs, 0, "tensors"))
     axis = _a(args, kwargs, 1, "dim", 0) % out.dim()
@@ -316,5 +321,6 @@ HANDLERS: dict[str, Handler] = {
               "alias", "double", "half", "bfloat16", "type"), _identity),  # (another dtype: refused by name)
     **_names(("dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout", "feature_alpha_dropout"), _dropout),
     **_names(("cat", "concat", "concatenate"), _cat), "stack": _stack,
+    **_names(("zeros_like", "ones_like", "full_like", "new_zeros", "new_ones", "new_full", "new_tensor"), _constant),
     "pixel_unshuffle": _pixel_unshuffle, "pixel_shuffle": _pixel_shuffle,
 }

@@ -49,8 +49,10 @@ def trace(model: nn.Module, x: torch.Tensor) -> Graph:
     normalized); an operation the page cannot run is one ``MnistflowError`` line naming the
     layer (or the model) that calls it."""
     tr = Tracer(model, HANDLERS, opaque())
-    x = x.detach().clone().requires_grad_(True)  # inputs that need a gradient take the plain
-    tr.emit("input", [], x)                      # paths (no dtype views, no native kernels)
+    # an input that needs a gradient takes the plain paths (no dtype views, no native kernels);
+    # not a leaf of autograd's graph, so that the forward may change it in place
+    x = x.detach().clone().requires_grad_(True) * 1.0
+    tr.emit("input", [], x)
     handles = []
     for name, mod in model.named_modules():
         handles.append(mod.register_forward_pre_hook(lambda m, a, name=name: tr.enter(m, name, a)))
@@ -60,6 +62,10 @@ def trace(model: nn.Module, x: torch.Tensor) -> Graph:
             out = model(x)
     except Refused as e:
         raise tr.refusal(str(e)) from None
+    except (RuntimeError, TypeError, ValueError) as e:  # a model that does not take this input
+        shape = "x".join(map(str, x.shape[1:]))
+        raise MnistflowError(f"the model's forward fails on a {shape} input ({type(e).__name__}: "
+                             f"{str(e).splitlines()[0][:200] if str(e) else ''})") from None
     finally:
         for h in handles:
             h.remove()

@@ -64,11 +64,9 @@
   function kernel(layer, channel) {
     const name = String(layer).split("#")[0];
     const shown = String(layer).length <= 80 ? String(layer) : `${String(layer).slice(0, 80)}...`;
-    const kind = name ? model.modules[name] : undefined;
-    if (kind === undefined || !Object.prototype.hasOwnProperty.call(model.modules, name)) {
-      throw new Error(`no layer named '${shown}' in this model`);
-    }
-    const conv = model.kernels[name];
+    const own = (o, k) => Object.prototype.hasOwnProperty.call(o, k);
+    if (!name || !own(model.modules, name)) throw new Error(`no layer named '${shown}' in this model`);
+    const kind = model.modules[name], conv = own(model.kernels, name) ? model.kernels[name] : null;
     if (!conv) throw new Error(`layer '${shown}' is a ${kind}, not a convolution: only convolutions have kernels`);
     if (!Number.isInteger(channel) || channel < 0 || channel >= conv.out_channels) {
       throw new Error(`layer '${shown}' has channels 0..${conv.out_channels - 1}, not ${String(channel).slice(0, 20)}`);
