@@ -102,6 +102,32 @@ def test_every_registered_model_matches_pytorch(name, shape, browser, tmp_path):
         page.close()
 
 
+@pytest.mark.parametrize("dataset, picture", [("emnist-letters", "emnist"), ("fashion-mnist", "fashion")])
+def test_a_dataset_of_letters_or_clothes_speaks_its_words(dataset, picture, browser, tmp_path):
+    """The page's info() carries the dataset's class names, label values and way of making a
+    picture one of its images (an EMNIST-style and a Fashion-MNIST-style model)."""
+    from mnistflow.artifacts.web.folder import model_json
+    from mnistflow.data.known import KNOWN
+
+    known = KNOWN[dataset]
+    k = len(known.class_names)
+    torch.manual_seed(0)
+    model = create_model("lenet5", (1, 28, 28), k).eval()
+    info = ModelInfo(model="lenet5", in_shape=[1, 28, 28], class_names=list(known.class_names), mean=[40.0],
+                     std=[80.0], dataset=dataset, label_values=list(known.label_values) or None)
+    write_page(model, info, tmp_path / "page")
+    x = np.random.default_rng(1).integers(0, 256, (2, 28, 28, 1), dtype=np.uint8)
+    with static_server(tmp_path / "page") as origin:
+        page = open_page(browser, f"{origin}/index.html")
+        got = page.evaluate("window.mnistflow.info()")
+        probs, _ = predict_all(page, x)
+        page.close()
+    assert got == model_json(info, sum(p.numel() for p in model.parameters()))
+    assert got["picture"] == picture and got["class_names"] == list(known.class_names) and got["num_classes"] == k
+    assert got["label_values"] == (list(known.label_values) or list(range(k)))
+    assert np.abs(probs - TorchBackend(model, info).predict(x)).max() <= 1e-4
+
+
 @pytest.fixture(scope="module")
 def exported(serve_model, tmp_path_factory):
     """The trained ``fast`` model exported by the CLI, as a user would."""
