@@ -393,10 +393,11 @@ def _run_doctor(a) -> int:
 
 def _add_export(sub) -> None:
     p = sub.add_parser("export", help="a trained model as ONNX or a torch.export program (pt2), both "
-                                      "verified; npz or safetensors")
+                                      "verified; npz or safetensors; a web page that runs it in the browser")
     p.add_argument("model", type=Path, help="a run directory, a checkpoint or a model file")
     p.add_argument("--format", required=True, choices=choices.EXPORT_FORMATS)
-    p.add_argument("--out", help="file to write (default: next to the model)")  # str: keeps a trailing /
+    p.add_argument("--out", help="file to write, or folder for --format web "
+                                 "(default: next to the model)")  # str: keeps a trailing /
     p.add_argument("--force", action="store_true", help="replace the --out file (and its .int8.onnx) if it exists")
     p.add_argument("--only", action="append", metavar="GLOB",
                    help="npz/safetensors: only names matching GLOB, e.g. 'conv*' (repeatable)")

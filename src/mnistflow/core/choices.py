@@ -8,5 +8,5 @@ OPTIMIZERS = ("sgd", "momentum", "adadelta", "adagrad", "adam", "adamw", "rmspro
 SCHEDULES = ("constant", "step", "cosine", "onecycle", "linear")
 # --augment: auto (the dataset's own policy), off, or a policy of data.augment (keyed by these names)
 AUGMENT = ("auto", "off", "glyphs", "elastic", "clothing", "photos", "shifts")
-EXPORT_FORMATS = ("onnx", "pt2", "npz", "safetensors")  # mnistflow export --format (exporting)
+EXPORT_FORMATS = ("onnx", "pt2", "npz", "safetensors", "web")  # mnistflow export --format (exporting)
 TTA_VIEWS = (0, 2, 4, 8)  # extra views: left/right, + up/down, + the diagonals (models.evaluate)
