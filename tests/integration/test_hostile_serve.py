@@ -4,8 +4,8 @@ decodes, a per-request deadline), slow or idle clients are timed out, a page of 
 origin cannot make the server work, an oversized body is a 413 answer (not a reset), a tiny
 image is a 400, every refusal is a JSON error, and the server keeps serving.
 
-The server is the real one (``guard.server_config``: the guarded protocol, the connection
-cap) in a thread, with a small synthetic model and short deadlines.
+The server is the real one (``connection.server_config``: the guarded protocol, the connection
+caps) in a thread, with a small synthetic model and short deadlines.
 """
 from __future__ import annotations
 
@@ -31,7 +31,8 @@ from mnistflow.artifacts.model_info import ModelInfo  # noqa: E402
 from mnistflow.artifacts.predictor import TorchBackend  # noqa: E402
 from mnistflow.models import create_model  # noqa: E402
 from mnistflow.server import create_app  # noqa: E402
-from mnistflow.server.guard import LOCAL_HOSTS, Limits, server_config  # noqa: E402
+from mnistflow.server.connection import server_config  # noqa: E402
+from mnistflow.server.guard import LOCAL_HOSTS, Limits  # noqa: E402
 
 INFO = ModelInfo("softmax", [1, 28, 28], [str(i) for i in range(10)], [33.0], [78.0], dataset="synthetic")
 FAST = dict(header_timeout=0.5, body_timeout=0.5, work_timeout=5.0)
@@ -446,8 +447,10 @@ def test_the_cli_serve_command_runs_the_guarded_server(monkeypatch):
     monkeypatch.setattr(appmod, "load_predictor", lambda model, threads: predictor())
     appmod.serve("unused", port=0, max_pixels=123_456)
     cfg = seen["config"]
-    assert cfg.http == "mnistflow.server.guard:GuardedHTTPProtocol" and cfg.limit_concurrency == 256
-    assert cfg.mnistflow_header_timeout == 10.0 and seen["app"].state.limits.max_pixels == 123_456
-    from mnistflow.server.guard import GuardedHTTPProtocol
+    assert cfg.http == "mnistflow.server.connection:GuardedHTTPProtocol" and cfg.ws == "none"
+    assert cfg.limit_concurrency is None  # uvicorn's cap counted idle sockets (R3): the protocol's own
+    assert cfg.mnistflow_limits.max_connections == 256 and cfg.mnistflow_limits.header_timeout == 10.0
+    assert seen["app"].state.limits.max_pixels == 123_456
+    from mnistflow.server.connection import GuardedHTTPProtocol
 
     assert GuardedHTTPProtocol.__name__.startswith("Guarded")

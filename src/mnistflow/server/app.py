@@ -55,8 +55,8 @@ from mnistflow.server.guard import (
     body_kind,
     check_host,
     check_origin,
-    server_config,
 )
+from mnistflow.server.connection import server_config
 from mnistflow.server.inputs import decode_image, is_json, parse_json, to_input
 from mnistflow.server.predictor import Predictor, load_predictor
 
