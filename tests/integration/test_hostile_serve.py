@@ -259,6 +259,33 @@ def test_d2_concurrent_decodes_are_capped_and_slow_work_times_out():
         assert post(port, body, js)[0] == 200
 
 
+
+def test_r2_scan_bombs_are_refused_before_decoding_and_predictions_go_on():
+    """R2: four progressive JPEGs of thousands of scans (each a pass over the picture) held
+    every decode slot (48 s of CPU each at 2 MB); predictions sent meanwhile got 503. Now each
+    is a 413 before decoding, and a prediction sent with them is answered."""
+    from helpers.images import scan_bomb_jpeg
+
+    bomb = scan_bomb_jpeg(1024, 20_000)
+    jpeg = {"Content-Type": "image/jpeg"}
+    with serving(max_concurrent=4) as port:
+        t0 = time.perf_counter()
+        with ThreadPoolExecutor(5) as ex:
+            bombs = [ex.submit(post, port, bomb, jpeg) for _ in range(4)]
+            time.sleep(0.05)
+            status, res = post(port, png(np.zeros((28, 28), np.uint8)), IMG)
+            assert status == 200, res
+            for f in bombs:
+                status, err = f.result()
+                assert status == 413 and "more than 100 scans" in err["error"], err
+        assert time.perf_counter() - t0 < 5
+        b = io.BytesIO()
+        from PIL import Image
+
+        Image.fromarray(np.full((4000, 5000), 128, np.uint8)).save(b, format="JPEG", progressive=True, quality=5)
+        status, err = post(port, b.getvalue(), jpeg)  # 0.3 Mpx after the 1/8 draft, but decoded whole
+        assert status == 413 and "a progressive JPEG of 5000x4000 pixels: at most 16,777,216" in err["error"], err
+
 # --- tiny images, oversized bodies, every 4xx a JSON error -------------------------------------
 
 def test_an_image_of_a_few_pixels_is_a_400():
