@@ -358,8 +358,10 @@ def _add_serve(sub) -> None:
     p.add_argument("--host", default="127.0.0.1",
                    help="address to listen on (default 127.0.0.1: this machine only; others get a warning)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 picks a free one)")
-    p.add_argument("--workers", type=_int_in(1, 1024), default=1, help="server processes, each with its own model")
-    p.add_argument("--threads", type=_int_in(1, 1024), default=1, help="intra-op threads per request (default 1)")
+    p.add_argument("--workers", type=_int_in(1, 1024), default=1,
+                   help="server processes, each loading the model checked at start (a private copy)")
+    p.add_argument("--threads", type=_int_in(1, 1024), default=None,
+                   help="intra-op threads per request (default $MNISTFLOW_THREADS, else 1)")
     p.add_argument("--access-log", action="store_true", help="log every request")
     p.add_argument("--max-pixels", type=_int_in(1, limits.MAX_INT), default=None, metavar="N",
                    help="largest image a request may send, in pixels, checked from its header before decoding "

@@ -65,6 +65,19 @@ MAX_FORM_FIELD_BYTES = 64 << 10  # one text field of a multipart upload
 # most active channels of wider layers), and of one /api/kernel answer: seed-cnn's hold ~63,000
 MAX_LAYER_VALUES = 1 << 21
 
+# --- issue 40 (server): connections and decode cost -------------------------------------------
+# a request's line and headers (default of ``server.guard.Limits.max_header_bytes``; 431 past it):
+# a browser's are a few KB; h11 allows 16 KiB, nginx 4 x 8 KiB
+MAX_HEADER_BYTES = 32 << 10
+MAX_PIPELINED = 64  # requests one connection may send ahead of the answer in progress (closed past it)
+# after refusing a request whose body is still arriving, the server reads and discards this much
+# for this long before closing (a client that sends the whole body first then reads the answer)
+LINGER_BYTES = 64 << 20
+LINGER_SECONDS = 2.0
+# scans (SOS markers) of one JPEG, counted before decoding: each scan is a pass over the whole
+# image (93,000 scans in 2 MB cost 48 s); libjpeg writes 6 to 10 for a progressive picture
+MAX_JPEG_SCANS = 100
+
 # --- the command line and the environment ---------------------------------------------------
 MAX_INT = 2**63 - 1  # an integer flag or config.toml value with no smaller bound: 64 bits, as TOML's
 # --seed (train, prep): seeds derived from it (seed * 1_000_003 + epoch, ...) stay inside the

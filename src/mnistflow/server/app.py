@@ -37,6 +37,7 @@ import json
 import math
 import os
 import socket
+import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -55,8 +56,8 @@ from mnistflow.server.guard import (
     body_kind,
     check_host,
     check_origin,
-    server_config,
 )
+from mnistflow.server.connection import server_config
 from mnistflow.server.inputs import decode_image, is_json, parse_json, to_input
 from mnistflow.server.predictor import Predictor, load_predictor
 
@@ -370,13 +371,46 @@ class Front:
 
 
 def app_from_env() -> Front:
-    """The app for ``--workers N`` (each worker process loads the model itself)."""
+    """The app for ``--workers N``: each worker process loads the private copy of the model
+    that ``serve`` checked (``_private_copy``); a failure is one line, not a traceback, and
+    stops the server."""
     _quiet_bomb_warnings()
     hosts = os.environ.get("MNISTFLOW_SERVE_HOSTS")
-    return create_app(os.environ["MNISTFLOW_SERVE_MODEL"],
-                      threads=int(os.environ.get("MNISTFLOW_SERVE_THREADS", "1")),
-                      limits=Limits(**json.loads(os.environ.get("MNISTFLOW_SERVE_LIMITS", "{}"))),
-                      allowed_hosts=tuple(json.loads(hosts)) if hosts else None)
+    try:
+        return create_app(os.environ["MNISTFLOW_SERVE_MODEL"],
+                          threads=int(os.environ.get("MNISTFLOW_SERVE_THREADS", "1")),
+                          limits=Limits(**json.loads(os.environ.get("MNISTFLOW_SERVE_LIMITS", "{}"))),
+                          allowed_hosts=tuple(json.loads(hosts)) if hosts else None)
+    except MnistflowError as e:
+        from uvicorn.config import STARTUP_FAILURE  # uvicorn then stops, rather than restart it in a loop
+
+        print(f"mnistflow: error: a server worker cannot load its model: {e}", file=sys.stderr, flush=True)
+        sys.exit(STARTUP_FAILURE)
+
+
+def _private_copy(model: str | Path) -> Path:
+    """A copy, in a new private temporary folder, of the one file ``load_any`` reads for
+    ``model``: what ``serve`` checks and every ``--workers`` process loads, so that all of them
+    (a restarted one too) serve the same bytes even when the file is replaced meanwhile."""
+    import shutil
+    import tempfile
+
+    from mnistflow.artifacts.load import resolve
+    from mnistflow.core.fsutil import open_regular
+    from mnistflow.core.limits import MAX_CHECKPOINT_BYTES
+
+    src = resolve(model)
+    folder = Path(tempfile.mkdtemp(prefix="mnistflow-serve-"))
+    try:
+        with open_regular(src, MAX_CHECKPOINT_BYTES, "model file") as f, open(folder / src.name, "xb") as out:
+            shutil.copyfileobj(f, out, 1 << 20)
+    except BaseException as e:
+        shutil.rmtree(folder, ignore_errors=True)
+        if isinstance(e, OSError):
+            raise MnistflowError(f"cannot copy the model for the workers into {folder.parent} "
+                                 f"({e.strerror or e})", src) from None
+        raise
+    return folder / src.name
 
 
 def _quiet_bomb_warnings() -> None:
@@ -404,17 +438,22 @@ def _bind(host: str, port: int) -> socket.socket:
 
 
 def serve(model: str | Path, host: str = "127.0.0.1", port: int = 8000, *, workers: int = 1,
-          threads: int = 1, access_log: bool = False, limits: Limits | None = None,
+          threads: int | None = None, access_log: bool = False, limits: Limits | None = None,
           max_pixels: int | None = None) -> None:
     """Serve the page and the API until Ctrl-C. ``host`` other than this machine: a warning.
 
+    ``threads``: intra-op threads per request (default ``$MNISTFLOW_THREADS``, else 1).
     ``limits``: the server's bounds (``guard.Limits``); ``max_pixels`` overrides its pixel cap
-    (the CLI's ``--max-pixels``)."""
+    (the CLI's ``--max-pixels``). With ``workers`` > 1, every worker loads a private copy of
+    the model file, made and checked once here."""
     try:
         import uvicorn  # noqa: F401
     except ImportError:
         raise MnistflowError("serving needs starlette, uvicorn and python-multipart: "
                              "pip install 'mnistflow[serve]'") from None
+    from mnistflow.runtime.cpu import env_threads
+
+    threads = (env_threads() or 1) if threads is None else threads  # a bad $MNISTFLOW_THREADS: one line
     if workers < 1 or threads < 1:
         raise MnistflowError("--workers and --threads must be at least 1")
     if not 0 <= port <= 65535:
@@ -424,6 +463,21 @@ def serve(model: str | Path, host: str = "127.0.0.1", port: int = 8000, *, worke
         if isinstance(max_pixels, bool) or not isinstance(max_pixels, int) or max_pixels < 1:
             raise MnistflowError(f"--max-pixels must be a positive integer, got {max_pixels!r}")
         limits = Limits(**{**limits.to_dict(), "max_pixels": max_pixels})
+    copy = _private_copy(model) if workers > 1 else None
+    try:
+        _serve(copy or model, host, port, workers, threads, access_log, limits)
+    finally:
+        if copy is not None:
+            import shutil
+
+            shutil.rmtree(copy.parent, ignore_errors=True)
+    print("stopped", flush=True)
+
+
+def _serve(model: str | Path, host: str, port: int, workers: int, threads: int, access_log: bool,
+           limits: Limits) -> None:
+    import uvicorn
+
     hosts = LOCAL_HOSTS if host in LOCAL_HOSTS else None  # another address: names unknown
     app = create_app(model, threads=threads, limits=limits, allowed_hosts=hosts)  # a bad model: one line
     if host not in LOCAL_HOSTS:
@@ -447,11 +501,12 @@ def serve(model: str | Path, host: str = "127.0.0.1", port: int = 8000, *, worke
             os.environ["MNISTFLOW_SERVE_LIMITS"] = json.dumps(limits.to_dict())
             if hosts is not None:
                 os.environ["MNISTFLOW_SERVE_HOSTS"] = json.dumps(list(hosts))
+            # a worker answers uvicorn's health check once Python and uvicorn are up in it: on a
+            # busy machine that can take over uvicorn's 5 s, and it would be killed and restarted
             config = server_config("mnistflow.server.app:app_from_env", limits, factory=True,
-                                   workers=workers, **common)
+                                   workers=workers, timeout_worker_healthcheck=30, **common)
             Multiprocess(config, sockets=[sock]).run()
     except KeyboardInterrupt:  # uvicorn re-raises Ctrl-C after its graceful shutdown
         pass
     finally:
         sock.close()
-    print("stopped", flush=True)
