@@ -65,11 +65,12 @@ def test_page_and_static_files(client):
     r = client.get("/")
     assert r.status_code == 200 and "text/html" in r.headers["content-type"]
     assert "default-src 'self'" in r.headers["content-security-policy"]
-    for name in ("app.js", "style.css"):  # beside the page, as in a web export
+    for name in ("backend.js", "app.js", "style.css"):  # beside the page, as in a web export
         assert f'"{name}"' in r.text
         f = client.get(f"/{name}")
         assert f.status_code == 200 and "default-src 'self'" in f.headers["content-security-policy"]
         assert "http://" not in f.text and "https://" not in f.text  # nothing from the network
+    assert r.text.index('"backend.js"') < r.text.index('"app.js"')  # window.mnistflow first
     assert "http://" not in r.text and "https://" not in r.text
     for name in ("/static/app.js", "/nothing.js", "/index.htm", "/..%2Fapp.py", "/web"):
         r = client.get(name)
