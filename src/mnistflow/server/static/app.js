@@ -202,6 +202,7 @@
     let top = 0;
     probs.forEach((p, k) => { if (p > probs[top]) top = k; });
     prediction.textContent = m.class_names[top];
+    prediction.classList.toggle("long", m.class_names[top].length > 3);  // "Ankle boot" in smaller type
     prediction.dataset.label = String(m.label_values ? m.label_values[top] : top);
     $("confidence").textContent = `${(100 * probs[top]).toFixed(1)}% sure`;
     state.rows.forEach((r, k) => {
