@@ -40,6 +40,7 @@
     shown: null,          // the layers painted last (repainted on resize, order change)
     blank: null,          // the layers of an empty picture (shown before drawing, after Clear)
     painted: 0,
+    width: 0,             // the layers view's width in CSS pixels (0: not read yet)
   };
 
   const ink = () => (state.dark ? "#fff" : "#000");
@@ -385,8 +386,11 @@
     if (canvas.height !== h) canvas.height = h;
   }
 
+  // the layers view's width, read once per change of size (ResizeObserver below): reading it
+  // between canvas writes would lay the page out again for every layer
   function contentWidth() {
-    return Math.max(200, layersEl.clientWidth || 800);
+    if (!state.width) state.width = layersEl.clientWidth;
+    return Math.max(200, state.width || 800);
   }
 
   const TILE_LIMIT = 128;  // tiles shown at first; the rest behind "show all"
@@ -457,9 +461,9 @@
   function drawTile(px, stride, x0, y0, values, at, g, grey) {
     for (let y = 0; y < g.h; y++) {
       const row = (y0 + y * g.zoom) * stride + x0;
-      for (let x = 0; x < g.w; x++) {
+      for (let x = 0, i = row; x < g.w; x++) {
         const p = greyPixel(grey(values[at + y * g.w + x]));
-        px.fill(p, row + x * g.zoom, row + (x + 1) * g.zoom);
+        for (let z = 0; z < g.zoom; z++) px[i++] = p;
       }
       for (let r = 1; r < g.zoom; r++) px.copyWithin(row + r * stride, row, row + g.tw);
     }
@@ -473,11 +477,14 @@
     const canvas = view.canvas;
     size(canvas, cols * (cell + gap) - gap, Math.ceil(n / cols) * (cell + gap) - gap);
     const img = new ImageData(canvas.width, canvas.height), px = new Uint32Array(img.data.buffer);
-    const scale = scaleOf(layer.values);
-    for (let i = 0; i < n; i++) {
-      const x0 = (i % cols) * (cell + gap), y0 = Math.floor(i / cols) * (cell + gap);
-      const p = greyPixel(scale.grey(layer.values[i]));
-      for (let y = 0; y < cell; y++) px.fill(p, (y0 + y) * canvas.width + x0, (y0 + y) * canvas.width + x0 + cell);
+    const scale = scaleOf(layer.values), stride = canvas.width;
+    for (let i = 0; i < n; i += cols) {  // one row of cells: its first pixel row, copied down
+      const row = (i / cols) * (cell + gap) * stride;
+      for (let k = i, x = row; k < Math.min(n, i + cols); k++, x += gap) {
+        const p = greyPixel(scale.grey(layer.values[k]));
+        for (let z = 0; z < cell; z++) px[x++] = p;
+      }
+      for (let r = 1; r < cell; r++) px.copyWithin(row + r * stride, row, row + stride);
     }
     canvas.getContext("2d").putImageData(img, 0, 0);
     canvas.dataset.units = String(n);
@@ -703,10 +710,11 @@
     if (state.shown) paintLayers(state.shown);
   });
 
-  let width = 0;
-  new ResizeObserver(() => {  // the tiles are laid out for the width: again when it changes
-    if (layersEl.clientWidth !== width && state.shown) paintLayers(state.shown);
-    width = layersEl.clientWidth;
+  new ResizeObserver((entries) => {  // the tiles are laid out for the width: again when it changes
+    const width = Math.round(entries[entries.length - 1].contentRect.width);
+    if (width === state.width) return;
+    state.width = width;
+    if (state.shown) paintLayers(state.shown);
   }).observe(layersEl);
 
   fillPaper();
