@@ -48,8 +48,9 @@ def browser():
 
 
 @contextlib.contextmanager
-def served(run: Path):
-    """``run`` served by the app ``mnistflow serve`` runs, in a thread; yields its URL."""
+def served(run):
+    """``run`` (a run directory or a ready predictor) served by the app ``mnistflow serve``
+    runs, in a thread; yields its URL."""
     import uvicorn
     from helpers.serving import uvicorn_thread
 
@@ -187,6 +188,34 @@ def test_phone_width(browser, mnist_url):
                            ".filter((c) => c.getBoundingClientRect().right > 390).length")
         assert wide == 0
         pg.screenshot(path=str(ARTIFACTS / "page-layers-390.png"), full_page=True)
+
+
+def test_an_ensemble_shows_each_member(browser):
+    """``lenet5-x3`` (untrained: the layout does not depend on the weights): each member's
+    layers under its own heading, named as in the model, then the ensemble's probabilities."""
+    import torch
+
+    from mnistflow.artifacts.model_info import ModelInfo
+    from mnistflow.artifacts.predictor import TorchBackend
+    from mnistflow.models import create_model
+
+    torch.manual_seed(0)
+    info = ModelInfo(model="lenet5-x3", in_shape=[1, 28, 28], class_names=[str(i) for i in range(10)],
+                     mean=[33.3], std=[78.6], dataset="mnist")
+    with served(TorchBackend(create_model("lenet5-x3", (1, 28, 28), 10), info)) as url, \
+            opened(browser, url) as pg:
+        members = pg.locator("#layers details.member")
+        assert members.count() == 3
+        for i in range(3):
+            member = members.nth(i)
+            assert member.locator("summary").inner_text() == f"member {i}"
+            names = member.locator(".layer").evaluate_all("els => els.map((e) => e.dataset.name)")
+            shown = member.locator(".layer .lname").evaluate_all("els => els.map((e) => e.textContent)")
+            assert names and all(n == f"members.{i}.{s}" for n, s in zip(names, shown)), (names, shown)
+        assert members.nth(0).evaluate("d => d.open") and not members.nth(1).evaluate("d => d.open")
+        last = pg.locator("#layers > .layer")
+        assert last.count() == 1 and last.get_attribute("data-name") == "probabilities"
+        pg.screenshot(path=str(ARTIFACTS / "page-layers-ensemble.png"), full_page=True)
 
 
 # --- the dataset's words --------------------------------------------------------------------

@@ -372,6 +372,19 @@
   }
 
   const NAN_PIXEL = 0xffff00ff;  // magenta: a value that is not a number
+  const GAP_PIXEL = 0xffeae5e2;  // the lines between tiles (--line): a white map stays visible
+
+  // the pixels of a canvas of n cells (w x h, `gap` apart, `cols` a row): gap-coloured, and
+  // transparent where the last row has no cell; [ImageData, its pixels as uint32]
+  function gridImage(canvas, n, cols, w, h, gap, gapPixel = GAP_PIXEL) {
+    const img = new ImageData(canvas.width, canvas.height), px = new Uint32Array(img.data.buffer);
+    px.fill(gapPixel);
+    const left = n % cols ? n % cols : cols, x0 = Math.max(0, left * (w + gap) - gap);
+    for (let y = canvas.height - h; x0 < canvas.width && y < canvas.height; y++) {
+      px.fill(0, y * canvas.width + x0, (y + 1) * canvas.width);
+    }
+    return [img, px];
+  }
 
   function greyPixel(g) {  // 0..255 -> an opaque RGBA pixel as a little-endian uint32
     if (!(g === g)) return NAN_PIXEL;
@@ -432,7 +445,7 @@
     const g = tileGeometry(view, Math.max(shown, 1));
     const canvas = view.canvas;
     size(canvas, g.cols * (g.tw + g.gap) - g.gap, shown ? g.rows * (g.th + g.gap) - g.gap : 1);
-    const img = new ImageData(canvas.width, canvas.height), px = new Uint32Array(img.data.buffer);
+    const [img, px] = gridImage(canvas, shown, g.cols, g.tw, g.th, g.gap);
     const scale = scaleOf(layer.values);
     for (let t = 0; t < shown; t++) {
       const x0 = (t % g.cols) * (g.tw + g.gap), y0 = Math.floor(t / g.cols) * (g.th + g.gap);
@@ -476,7 +489,7 @@
     const cols = Math.max(1, Math.min(n, Math.floor((cw + gap) / (cell + gap))));
     const canvas = view.canvas;
     size(canvas, cols * (cell + gap) - gap, Math.ceil(n / cols) * (cell + gap) - gap);
-    const img = new ImageData(canvas.width, canvas.height), px = new Uint32Array(img.data.buffer);
+    const [img, px] = gridImage(canvas, n, cols, cell, cell, gap);
     const scale = scaleOf(layer.values), stride = canvas.width;
     for (let i = 0; i < n; i += cols) {  // one row of cells: its first pixel row, copied down
       const row = (i / cols) * (cell + gap) * stride;
@@ -587,7 +600,7 @@
     canvas.className = "kernel-tiles";
     canvas.width = cols * (tw + gap) - gap;
     canvas.height = Math.ceil(n / cols) * (th + gap) - gap;
-    const img = new ImageData(canvas.width, canvas.height), px = new Uint32Array(img.data.buffer);
+    const [img, px] = gridImage(canvas, n, cols, tw, th, gap, 0xff9c918a);  // darker lines: 0 is white
     for (let c = 0; c < n; c++) {
       const x0 = (c % cols) * (tw + gap), y0 = Math.floor(c / cols) * (th + gap);
       for (let i = 0; i < per; i++) {
