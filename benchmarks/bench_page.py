@@ -36,7 +36,7 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networki
 # every painted picture's time, collected as the page writes it
 COLLECT = """
 window.__times = [];
-window.__steps = {};  // the page's own measures of its steps: png, look, paint
+window.__steps = {};  // the page's own measures of its steps (STEPS)
 new PerformanceObserver((list) => {
   for (const e of list.getEntries()) {
     if (e.name.startsWith("mnistflow ")) (window.__steps[e.name.slice(10)] ||= []).push(e.duration);
@@ -48,7 +48,7 @@ document.addEventListener("DOMContentLoaded", () => {
     .observe(el, { attributes: true, attributeFilter: ["data-painted"] });
 });
 """
-STEPS = ("png", "look", "paint")
+STEPS = ("wait", "png", "look", "paint", "frame")
 AS_JSON = """
 const plainFetch = window.fetch;
 window.fetch = (url, init) => plainFetch(String(url).replace("&encoding=f16", ""), init);
@@ -153,8 +153,9 @@ def main() -> None:
              "p95 ms": p95(v["total"]), **{f"{s} ms": statistics.median(v[s]) for s in STEPS if v.get(s)}}
             for k, v in times.items()]
     print(table(rows, ["drawing", "pictures", "median ms", "p95 ms", *(f"{s} ms" for s in STEPS)]))
-    print("(png, look, paint: the medians of the page's own steps: the canvas to PNG, the backend's "
-          "answer, drawing every layer)")
+    print("(the medians of the page's own steps: wait, from the pointer event to its turn; png, the "
+          "canvas to PNG; look, the backend's answer; paint, drawing every layer; frame, until the "
+          "frame that shows them)")
 
 
 if __name__ == "__main__":

@@ -140,15 +140,14 @@
     state.next = null;
     state.inFlight = true;
     try {
-      const t0 = performance.now();
+      const t0 = timed("wait", job.t0);  // from the pointer event to its turn
       const picture = await job.make();
       const t1 = timed("png", t0);
       const res = await backend.look(picture, null);
       const t2 = timed("look", t1);
       if (state.hasInk && job.gen === state.gen) {
         show(res, t2 - t1);
-        timed("paint", t2);
-        afterPaint(job.t0);
+        afterPaint(job.t0, timed("paint", t2));
       }
     } catch (err) {
       showError(err.message || String(err));
@@ -168,8 +167,9 @@
   }
 
   // the time from the pointer event to the pictures on screen: a frame, then the task after it
-  function afterPaint(t0) {
+  function afterPaint(t0, drawn) {
     requestAnimationFrame(() => setTimeout(() => {
+      timed("frame", drawn);
       state.painted += 1;
       layersEl.dataset.ms = (performance.now() - t0).toFixed(1);
       layersEl.dataset.painted = String(state.painted);
