@@ -63,13 +63,14 @@ def served(run):
 
 @contextlib.contextmanager
 def opened(browser, url: str, width: int = 1280, height: int = 800, **kw):
-    """A new page at ``url`` once its layers view is there (the layers of an empty picture)."""
+    """A new page at ``url`` once its layers view is there (the layers of an empty picture, or
+    why there are none)."""
     ctx = browser.new_context(viewport={"width": width, "height": height}, **kw)
     try:
         pg = ctx.new_page()
         watch(pg, url.rstrip("/"))
         pg.goto(url)
-        pg.wait_for_function("() => document.querySelectorAll('#layers .layer').length > 0")
+        pg.wait_for_function("() => document.getElementById('layers').childElementCount > 0")
         yield pg
         assert not pg.problems, pg.problems
     finally:
@@ -188,6 +189,25 @@ def test_phone_width(browser, mnist_url):
                            ".filter((c) => c.getBoundingClientRect().right > 390).length")
         assert wide == 0
         pg.screenshot(path=str(ARTIFACTS / "page-layers-390.png"), full_page=True)
+
+
+def test_an_onnx_model_predicts_without_layers(browser, serve_model, tmp_path):
+    """ONNX Runtime has no layers to show: the page says so once and still predicts."""
+    from helpers.cli import run_cli
+
+    onnx = tmp_path / "m.onnx"
+    proc = run_cli("export", str(serve_model), "--format", "onnx", "--out", str(onnx))
+    assert proc.returncode == 0, proc.stderr
+    x, y = real_digits(1, start=44)
+    with served(onnx) as url, opened(browser, url) as pg:
+        assert "No layers to show" in pg.locator("#layers").inner_text()
+        draw(pg, x[0])
+        assert predicted(pg)[0] == y[0]
+        assert pg.locator("#m-backend").inner_text() == "ONNX Runtime"
+        assert "No layers to show" in pg.locator("#layers").inner_text()
+        assert pg.locator("#layers canvas").count() == 0
+        assert len(pg.problems) == 1 and "501" in pg.problems[0], pg.problems  # asked once
+        pg.problems = []
 
 
 def test_an_ensemble_shows_each_member(browser):

@@ -121,7 +121,12 @@
 
   async function layers(pixels) {
     const body = await pixelsBody(pixels);
-    return layerList(await call("api/layers", { method: "POST", headers: JSON_HEADERS, body }));
+    try {
+      return layerList(await call("api/layers", { method: "POST", headers: JSON_HEADERS, body }));
+    } catch (err) {
+      if (err.status === 501) noLayers = err.message;  // look() then asks for the prediction alone
+      throw err;
+    }
   }
 
   async function kernel(layer, channel) {
