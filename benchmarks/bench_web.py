@@ -30,7 +30,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "tests"))
 from common import cpu_line, table  # noqa: E402
-from helpers.web import CHROMIUM_ARGS, chromium_path, open_page, predict_all, static_server, timings  # noqa: E402
+from helpers.browser import CHROMIUM_ARGS, find_chromium  # noqa: E402
+from helpers.web import open_page, predict_all, static_server, timings  # noqa: E402
 
 
 def test_images(n: int) -> np.ndarray:
@@ -103,7 +104,7 @@ def main() -> None:
     print(f"{cpu_line()}, {len(os.sched_getaffinity(0))} cores, load average "
           f"{' '.join(f'{v:.1f}' for v in os.getloadavg())}")
     with tempfile.TemporaryDirectory() as tmp, sync_api.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=chromium_path(), args=CHROMIUM_ARGS, headless=True)
+        browser = p.chromium.launch(executable_path=find_chromium(), args=CHROMIUM_ARGS, headless=True)
         for name in [*args.models, *([args.run] if args.run else [])]:
             folder = Path(tmp) / f"m{len(sizes)}"
             model, info = export_model(name, folder)

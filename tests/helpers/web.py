@@ -7,20 +7,11 @@ import base64
 import contextlib
 import functools
 import http.server
-import shutil
 import threading
 from pathlib import Path
 from typing import Iterator
 
 import numpy as np
-
-# as tests/integration/test_serve_browser.py launches it: no GPU, no network of its own
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic"]
-
-
-def chromium_path() -> str | None:
-    return shutil.which("chromium") or shutil.which("chromium-browser")
 
 
 @contextlib.contextmanager

@@ -18,7 +18,8 @@ import torch
 
 from helpers.cli import run_cli
 from helpers.images import png, real_digits
-from helpers.web import CHROMIUM_ARGS, chromium_path, layers_of, open_page, predict_all, static_server
+from helpers.browser import CHROMIUM_ARGS, find_chromium, sync_api
+from helpers.web import layers_of, open_page, predict_all, static_server
 from mnistflow.artifacts.layers import kernel, layers
 from mnistflow.artifacts.model_info import ModelInfo
 from mnistflow.artifacts.predictor import TorchBackend
@@ -29,13 +30,8 @@ ACCEPTANCE_IMAGES = 10_000  # the whole MNIST test set (~35 s for fast on the 2-
 
 @pytest.fixture(scope="module")
 def browser():
-    path = chromium_path()
-    if path is None:
-        pytest.fail("Debian's chromium is not installed: run 'apt-get update && apt-get install -y chromium'")
-    from playwright import sync_api
-
-    with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=path, args=CHROMIUM_ARGS, headless=True)
+    with sync_api().sync_playwright() as p:
+        b = p.chromium.launch(executable_path=find_chromium(), args=CHROMIUM_ARGS, headless=True)
         yield b
         b.close()
 

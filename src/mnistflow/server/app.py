@@ -10,22 +10,23 @@
          http://127.0.0.1:8000/api/predict
     curl -s http://127.0.0.1:8000/api/model
 
-Routes: ``GET /`` the page (static files under ``/static``, nothing from the network),
-``POST /api/predict`` (an image body, a multipart/form-data upload of one image, or JSON
-pixels; see ``inputs`` for the preparation) -> ``{"label", "name", "class_name", "index",
-"probabilities", "model", "latency_ms", "preprocess"}`` (``label``: the data's own label
-value, e.g. 1..26; ``index``: the model output, the position in ``probabilities``; ``name`` =
-``class_name``: the class's name), plus ``input``, the picture the model saw (H x W or H x W x
-C), with ``?input=1`` (the page shows it); ``POST /api/layers`` (the same bodies) -> every
-layer's activations, ``{"layers": [{"name", "kind", "shape", "values"}, ...], "probabilities",
-...}`` (``artifacts.layers``: bounded by ``core.limits.MAX_LAYER_VALUES``, a truncated layer
-has ``truncated`` and the ``channels`` kept); ``GET /api/kernel?layer=NAME&channel=K`` ->
-``{"layer", "channel", "shape", "input_channels", "values"}``, the weights that produced
-channel K of convolution NAME; ``GET /api/model``; ``GET /healthz``. Bad requests
-get a 4xx and ``{"error": "..."}``; the server keeps serving. Every bound (body size, pixels,
-concurrent decodes, header/body/work deadlines, connections) and who may POST (the page's own
-origin, or a script that sends no ``Origin``) are in ``guard``. docs/serving.md is the
-user's guide.
+Routes: ``GET /`` the page (its files beside it: ``/app.js``, ``/backend.js``, ``/style.css``;
+nothing from the network), ``POST /api/predict`` (an image body, a multipart/form-data upload
+of one image, or JSON pixels; see ``inputs`` for the preparation) -> ``{"label", "name",
+"class_name", "index", "probabilities", "model", "latency_ms", "preprocess"}`` (``label``: the
+data's own label value, e.g. 1..26; ``index``: the model output, the position in
+``probabilities``; ``name`` = ``class_name``: the class's name), plus ``input``, the picture
+the model saw (H x W or H x W x C), with ``?input=1``; ``POST /api/layers`` (the same bodies)
+-> every layer's activations, ``{"layers": [{"name", "kind", "shape", "values"}, ...],
+"probabilities", ...}`` (``artifacts.layers``: bounded by ``core.limits.MAX_LAYER_VALUES``, a
+truncated layer has ``truncated`` and the ``channels`` kept; ``?input=1`` as above;
+``?encoding=f16``: each layer's values as base64 float16, what the page reads);
+``GET /api/kernel?layer=NAME&channel=K`` -> ``{"layer", "channel", "shape",
+"input_channels", "values"}``, the weights that produced channel K of convolution NAME;
+``GET /api/model``; ``GET /healthz``. Bad requests get a 4xx and ``{"error": "..."}``; the
+server keeps serving. Every bound (body size, pixels, concurrent decodes, header/body/work
+deadlines, connections) and who may POST (the page's own origin, or a script that sends no
+``Origin``) are in ``guard``. docs/serving.md is the user's guide.
 
 The event loop only reads requests; decoding, preprocessing and inference run in a thread
 pool, so requests are handled concurrently (one intra-op thread per request by default).
@@ -33,6 +34,7 @@ pool, so requests are handled concurrently (one intra-op thread per request by d
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import math
 import os
@@ -47,6 +49,7 @@ import numpy as np
 from mnistflow.core.errors import MnistflowError
 from mnistflow.core.limits import MAX_BODY_BYTES, MAX_FORM_FIELD_BYTES, MAX_FORM_FIELDS
 from mnistflow.core.log import warn
+from mnistflow.data.picture import Target
 from mnistflow.server.guard import (
     LOCAL_HOSTS,
     BadInput,
@@ -63,6 +66,8 @@ from mnistflow.server.predictor import Predictor, load_predictor
 
 if TYPE_CHECKING:
     from starlette.applications import Starlette
+
+    from mnistflow.artifacts.layers import Layer
     from starlette.requests import Request
 
 STATIC = Path(__file__).parent / "static"
@@ -75,7 +80,9 @@ PAGE_HEADERS = {  # the page may load nothing from elsewhere
 
 
 def describe(pred: Predictor, limits: Limits | None = None) -> dict:
-    """What ``GET /api/model`` returns and the page's model panel shows."""
+    """What ``GET /api/model`` returns and the page's model panel shows; ``picture`` is how a
+    picture becomes one of the dataset's images (``data.picture.STYLES``: the page's words and,
+    in the web export, its own preparation follow it)."""
     info = pred.info
     c, h, w = info.in_shape
     metrics = {k: v for k, v in (info.metrics or {}).items()
@@ -87,6 +94,7 @@ def describe(pred: Predictor, limits: Limits | None = None) -> dict:
         "label_values": info.values,
         "test_acc": metrics.get("test_acc"), "val_acc": metrics.get("val_acc"),
         "background": "dark" if sum(info.mean) / len(info.mean) < 127 else "light",
+        "picture": Target.of(info.in_shape, info.mean, info.dataset).style,
         "max_body_bytes": limits.max_body if limits else MAX_BODY_BYTES,
         "max_pixels": (limits or Limits()).max_pixels,
     }
@@ -125,36 +133,55 @@ def body_input(pred: Predictor, body: bytes, content_type: str, mode: str | None
     return to_input(img, pred.info, mode, limits.min_side)
 
 
+ENCODINGS = ("json", "f16")  # how /api/layers writes the activations (``?encoding=``)
+
+
 def layer_view(pred: Predictor, body: bytes, content_type: str, mode: str | None,
-               limits: Limits | None = None) -> dict:
-    """One request body -> every layer's activations (``artifacts.layers``), as JSON: values
-    flat (row-major), rounded to 4 decimals, a NaN or infinite one as null; runs in a worker
-    thread. A model without PyTorch
-    layers (ONNX) is a 501."""
+               with_input: bool = False, encoding: str = "json", limits: Limits | None = None) -> dict:
+    """One request body -> every layer's activations (``artifacts.layers``), as JSON; runs in a
+    worker thread. ``encoding``: ``json``, each layer's values a flat (row-major) list rounded
+    to 4 decimals, a NaN or infinite one as null; ``f16``, a base64 string of little-endian
+    float16 (for the page's pictures: far quicker to write and read than JSON numbers; values
+    past float16's range clipped to it). The probabilities are always a list. ``with_input``: the picture the
+    model saw too, as ``/api/predict?input=1`` gives it. A model without PyTorch layers (ONNX)
+    is a 501."""
     from mnistflow.artifacts.layers import layers, torch_model
 
+    if encoding not in ENCODINGS:
+        raise BadInput(422, f"encoding must be one of {', '.join(ENCODINGS)}, got {encoding[:20]!r}")
     try:
         torch_model(pred)
     except MnistflowError as e:
         raise BadInput(501, str(e)) from None
     x, used = body_input(pred, body, content_type, mode, limits)
     found = layers(pred, pred.info, x)
-    out = []
-    for layer in found[:-1]:
-        values = layer.values.astype(np.float64).round(4).ravel().tolist()
-        if not np.isfinite(layer.values).all():  # JSON has no NaN nor infinity: null
-            values = [v if math.isfinite(v) else None for v in values]
-        item = {"name": layer.name, "kind": layer.kind, "shape": list(layer.shape), "values": values}
-        if layer.truncated:
-            item.update(truncated=True, channels=layer.channels)
-        out.append(item)
+    out = [_layer_json(layer, encoding) for layer in found[:-1]]
     probs = found[-1].values
     if not np.isfinite(probs).all():
         raise RuntimeError("the model returned non-finite probabilities")
     out.append({"name": found[-1].name, "kind": found[-1].kind, "shape": list(found[-1].shape),
                 "values": [round(float(v), 6) for v in probs]})
-    return {"layers": out, "probabilities": out[-1]["values"], "model": pred.info.model,
-            "preprocess": used, "truncated": any(layer.truncated for layer in found)}
+    res = {"layers": out, "probabilities": out[-1]["values"], "model": pred.info.model,
+           "preprocess": used, "truncated": any(layer.truncated for layer in found),
+           "encoding": encoding}
+    if with_input:
+        res["input"] = (x[..., 0] if x.shape[2] == 1 else x).tolist()
+    return res
+
+
+def _layer_json(layer: Layer, encoding: str) -> dict:
+    """One ``artifacts.layers.Layer`` as ``layer_view`` writes it."""
+    if encoding == "f16":  # np.clip keeps a NaN; an infinity becomes float16's largest
+        half = np.clip(layer.values, -65504, 65504).astype("<f2")
+        values = base64.b64encode(half.tobytes()).decode("ascii")
+    else:
+        values = layer.values.astype(np.float64).round(4).ravel().tolist()
+        if not np.isfinite(layer.values).all():  # JSON has no NaN nor infinity: null
+            values = [v if math.isfinite(v) else None for v in values]
+    item = {"name": layer.name, "kind": layer.kind, "shape": list(layer.shape), "values": values}
+    if layer.truncated:
+        item.update(truncated=True, channels=layer.channels)
+    return item
 
 
 def kernel_view(pred: Predictor, query: dict[str, str]) -> dict:
@@ -177,6 +204,11 @@ def kernel_view(pred: Predictor, query: dict[str, str]) -> dict:
         raise BadInput(422, str(e)) from None
     return {"layer": layer, "channel": int(channel), "shape": list(weights.shape),
             "input_channels": inputs, "values": weights.astype(np.float64).round(6).ravel().tolist()}
+
+
+def wants_input(request: Request) -> bool:
+    """``?input=1``: the answer carries the picture the model saw."""
+    return request.query_params.get("input", "0").lower() in ("1", "true")
 
 
 async def read_request(request: Request, limits: Limits) -> tuple[bytes, str, str | None]:
@@ -261,6 +293,13 @@ async def read_body(request: Request, limit: int = MAX_BODY_BYTES) -> bytes:
     return b"".join(chunks)
 
 
+def json_error(status: int, message: str, headers: dict | None = None):
+    """A refusal as every route answers it: ``{"error", "status"}`` with that HTTP status."""
+    from starlette.responses import JSONResponse
+
+    return JSONResponse({"error": message, "status": status}, status_code=status, headers=headers)
+
+
 def create_app(model: str | Path | Predictor, *, threads: int = 1, limits: Limits | None = None,
                allowed_hosts: tuple[str, ...] | None = None) -> Front:
     """The Starlette app for a run directory, model file, ONNX export or a ready ``Predictor``.
@@ -273,8 +312,7 @@ def create_app(model: str | Path | Predictor, *, threads: int = 1, limits: Limit
         from starlette.exceptions import HTTPException
         from starlette.requests import ClientDisconnect
         from starlette.responses import FileResponse, JSONResponse, Response
-        from starlette.routing import Mount, Route
-        from starlette.staticfiles import StaticFiles
+        from starlette.routing import Route
         import python_multipart  # noqa: F401  (uploads: Starlette's form parser)
     except ImportError:
         raise MnistflowError("serving needs starlette, uvicorn and python-multipart: "
@@ -286,11 +324,11 @@ def create_app(model: str | Path | Predictor, *, threads: int = 1, limits: Limit
     model_json = describe(pred, limits)
     slots = Slots(limits.max_concurrent, limits.work_timeout)
 
-    def error(status: int, message: str, headers: dict | None = None) -> JSONResponse:
-        return JSONResponse({"error": message, "status": status}, status_code=status, headers=headers)
+    page_files = {p.name for p in STATIC.iterdir() if p.is_file()}
 
-    async def index(request):
-        return FileResponse(STATIC / "index.html", headers=PAGE_HEADERS)
+    async def page_file(request):  # the page's own files, beside it: index.html loads "app.js"
+        name = request.path_params.get("name", "index.html")
+        return FileResponse(STATIC / name, headers=PAGE_HEADERS) if name in page_files else json_error(404, "Not Found")
 
     async def healthz(request):
         return JSONResponse({"status": "ok", "model": pred.info.model, "backend": pred.backend})
@@ -304,38 +342,38 @@ def create_app(model: str | Path | Predictor, *, threads: int = 1, limits: Limit
             body, content_type, mode = await read_request(request, limits)
             res = await slots.run(work, pred, body, content_type, mode, *args, limits)
         except BadInput as e:
-            return error(e.status, e.message, e.headers)
+            return json_error(e.status, e.message, e.headers)
         except ClientDisconnect:  # the client left mid-body: nobody reads an answer, no traceback
             return Response(status_code=400)
         res["latency_ms"] = round(1000 * (time.perf_counter() - t0), 3)
         return JSONResponse(res)
 
     async def predict(request):
-        return await posted(request, classify, request.query_params.get("input", "0").lower() in ("1", "true"))
+        return await posted(request, classify, wants_input(request))
 
     async def layer_activations(request):
-        return await posted(request, layer_view)
+        return await posted(request, layer_view, wants_input(request), request.query_params.get("encoding", "json"))
 
     async def conv_kernel(request):
         try:
             return JSONResponse(await slots.run(kernel_view, pred, dict(request.query_params)))
         except BadInput as e:
-            return error(e.status, e.message, e.headers)
+            return json_error(e.status, e.message, e.headers)
 
     async def http_error(request, exc):
-        return error(exc.status_code, exc.detail)
+        return json_error(exc.status_code, exc.detail)
 
     async def server_error(request, exc):  # a bug, not bad input: say so, keep serving
-        return error(500, f"internal error ({exc.__class__.__name__})")
+        return json_error(500, f"internal error ({exc.__class__.__name__})")
 
     routes = [
-        Route("/", index, methods=["GET"]),
+        Route("/", page_file, methods=["GET"]),
         Route("/healthz", healthz, methods=["GET"]),
         Route("/api/model", model_info, methods=["GET"]),
         Route("/api/predict", predict, methods=["POST"]),
         Route("/api/layers", layer_activations, methods=["POST"]),
         Route("/api/kernel", conv_kernel, methods=["GET"]),
-        Mount("/static", StaticFiles(directory=STATIC), name="static"),
+        Route("/{name:str}", page_file, methods=["GET"]),  # no "/" in it: never /api/...
     ]
     app = Starlette(routes=routes, exception_handlers={HTTPException: http_error, Exception: server_error})
     app.state.predictor = pred
