@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 import torch
 
+from helpers.browser import CHROMIUM_ARGS, draw, find_chromium, predicted, sync_api, watch
 from helpers.cli import run_cli
 from helpers.images import png, real_digits
-from helpers.browser import CHROMIUM_ARGS, find_chromium, sync_api
 from helpers.web import layers_of, open_page, predict_all, static_server
 from mnistflow.artifacts.layers import kernel, layers
 from mnistflow.artifacts.model_info import ModelInfo
@@ -214,3 +214,26 @@ def test_the_page_works_from_disk(exported, browser):
     assert np.array_equal(from_disk, served) and all(u.startswith("file://") or u.startswith("data:")
                                                      for u in page.requests)
     page.close()
+
+
+def test_the_exported_page_draws_predicts_and_shows_layers(exported, trained, browser):
+    """The same page as `serve`'s, with no server: a digit drawn on the pad is named as
+    `predict` names the picture the page prepared, and every layer is painted."""
+    digit = real_digits(1, start=0)[0][0]
+    with static_server(exported) as origin:
+        pg = browser.new_page(viewport={"width": 1280, "height": 800})
+        watch(pg, origin)
+        pg.goto(f"{origin}/index.html")
+        pg.wait_for_function("() => document.getElementById('layers').childElementCount > 0")
+        draw(pg, digit)
+        label, _ = predicted(pg)
+        seen = np.array(pg.evaluate("() => Array.from(document.getElementById('seen').getContext('2d')"
+                                    ".getImageData(0, 0, 28, 28).data)"), np.uint8).reshape(28, 28, 4)[..., :1]
+        names = pg.evaluate("() => Array.from(document.querySelectorAll('#layers .layer'))"
+                            ".map((e) => e.dataset.name)")
+        assert not pg.problems, pg.problems
+        pg.close()
+    model, info = trained
+    expected = layers(model, info, seen)
+    assert label == info.label(int(expected[-1].values.argmax()))
+    assert names == [layer.name for layer in expected]  # every layer, the probabilities last
