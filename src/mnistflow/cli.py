@@ -485,9 +485,29 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+def _stdout_unusable() -> str | None:
+    """Why nothing written to standard output would arrive (closed: ``>&-``; open for reading
+    only), else None: a verb would print its result into nothing and exit 0."""
+    if sys.stdout is None:  # Python's stand-in for a closed file descriptor 1
+        return "standard output is closed"
+    try:
+        import fcntl
+
+        flags = fcntl.fcntl(sys.stdout.fileno(), fcntl.F_GETFL)
+    except (ImportError, OSError, ValueError, AttributeError):  # no fcntl (Windows), no descriptor
+        return None
+    return "standard output is open for reading only" if flags & os.O_ACCMODE == os.O_RDONLY else None
+
+
 def main(argv: list[str] | None = None) -> int:
     from mnistflow.core import openmp
 
+    unusable = _stdout_unusable()
+    if unusable:  # (and a file opened later could take descriptor 1 and receive the output)
+        if sys.stderr is not None:
+            sys.stderr.write(f"{PROG}: error: {unusable}: the output would be lost; "
+                             "redirect it to a file or to /dev/null instead\n")
+        return 2
     openmp.choose_at_start()  # before anything imports torch: libgomp reads the policy once
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser(argv).parse_args(argv)

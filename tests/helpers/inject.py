@@ -96,6 +96,13 @@ def mlflow_missing(tracker: ModuleType, _value: Any = True, setattr: Setter = se
     setattr(tracker, "importlib", SimpleNamespace(util=SimpleNamespace(find_spec=find_spec)))
 
 
+@fault("mnistflow.core.limits")
+def onnx_deadline(limits: ModuleType, seconds: float, setattr: Setter = setattr) -> None:
+    """onnxruntime calls are stopped after ``seconds`` instead of ``MAX_ONNX_RUN_SECONDS``: a
+    graph slow enough to meet the deadline without making the test slow."""
+    setattr(limits, "MAX_ONNX_RUN_SECONDS", seconds)
+
+
 # --- how they get in ----------------------------------------------------------------------------
 
 def apply(name: str, value: Any, setattr: Setter = setattr) -> None:

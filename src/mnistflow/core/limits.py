@@ -87,3 +87,35 @@ MAX_THREADS = 1024  # --threads, $MNISTFLOW_THREADS: intra-op threads; more is a
 MAX_LOCAL_PROCESSES = 1024  # processes on one machine: --nproc, torchrun's $LOCAL_WORLD_SIZE
 MAX_WORLD_SIZE = 1 << 20  # processes of one run on all machines: torchrun's $WORLD_SIZE
 MAX_DIST_TIMEOUT_S = 7 * 24 * 3600.0  # $MNISTFLOW_DIST_TIMEOUT, a week: inf or 1e30 would overflow the timer
+
+# --- issue 40 (dl): downloads, foreign ONNX graphs -----------------------------------------
+# Downloads (``data.known.download``). A file's own size is in the dataset table
+# (``data.known.RemoteFile.size``); a file the table gives no size (a toy dataset in the tests)
+# may hold twice the largest known file, EMNIST's 561,753,746-byte zip.
+MAX_DOWNLOAD_BYTES = 2 * 561_753_746
+MAX_DOWNLOAD_RESUMES = 20  # tries at one mirror that ended after new bytes (each resumed at once)
+MIN_DOWNLOAD_RATE = 4096  # bytes/s over each timeout window ($MNISTFLOW_DOWNLOAD_TIMEOUT): slower is a stall
+# ONNX graphs (``artifacts.onnx_check``): the operators a model file may use: those mnistflow's
+# exports hold (every registered model, ensemble and layer spec, float and int8:
+# tests/integration/test_export.py checks it), then common stateless layers a custom model
+# exports. No control flow (Loop, Scan, If), no operator whose output size comes from a
+# tensor's values at run time (ConstantOfShape, Expand, Tile, Range, Resize, NonZero, ...).
+ONNX_OPS = frozenset((
+    "Add", "AveragePool", "BatchNormalization", "Conv", "DequantizeLinear", "Div", "Gelu", "Gemm",
+    "Log", "MaxPool", "Mul", "QuantizeLinear", "ReduceMean", "Relu", "Reshape", "Sigmoid", "Softmax",
+    "Tanh", "Transpose",  # the exports'
+    "Abs", "Clip", "Concat", "Dropout", "Elu", "Erf", "Exp", "Flatten", "GlobalAveragePool",
+    "GlobalMaxPool", "HardSigmoid", "HardSwish", "Identity", "LayerNormalization", "LeakyRelu",
+    "LogSoftmax", "MatMul", "Max", "Min", "Neg", "Pad", "PRelu", "Selu", "Softplus", "Sqrt",
+    "Squeeze", "Sub", "Unsqueeze",
+))
+# Every tensor's shape is inferred before the graph runs. For one image (and again for the
+# tensors computed from the weights alone), at most: the largest export (resnet-small, 3x32x32)
+# needs 664,000 values and 106 million operations an image.
+MAX_ONNX_IMAGE_VALUES = 1 << 26  # values of all its tensors together
+MAX_ONNX_IMAGE_OPS = 1 << 34  # multiply-adds (convolutions, matrix products) and other operations
+# One onnxruntime call takes at most as many images as keep it under these, and is stopped
+# after MAX_ONNX_RUN_SECONDS (its terminate flag; a server stops it at its work deadline).
+MAX_ONNX_BATCH_VALUES = 1 << 28  # ~1 GiB of float32 tensors
+MAX_ONNX_BATCH_OPS = 1 << 36  # resnet-small: 528 images, ~6 s on one busy core
+MAX_ONNX_RUN_SECONDS = 120.0

@@ -320,7 +320,7 @@ def create_app(model: str | Path | Predictor, *, threads: int = 1, limits: Limit
 
     limits = limits or Limits()
     hosts = None if allowed_hosts is None else frozenset(h.lower().strip("[]") for h in allowed_hosts)
-    pred = model if hasattr(model, "predict") else load_predictor(model, threads)
+    pred = model if hasattr(model, "predict") else load_predictor(model, threads, limits.work_timeout)
     model_json = describe(pred, limits)
     slots = Slots(limits.max_concurrent, limits.work_timeout)
 

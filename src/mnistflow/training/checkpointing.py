@@ -3,10 +3,14 @@
 WHEN to save (every N steps or seconds, a new best, a signal) is decided in
 ``training.loop``; the file format and rotation live in ``mnistflow.artifacts.checkpoint``.
 SIGINT/SIGTERM set a flag that the loop acts on at the end of the step (save, then stop with
-:class:`TrainingInterrupted`, exit 128 + signal); a second signal stops at once.
+:class:`TrainingInterrupted`, exit 128 + signal); a second signal stops at once. Standard
+output closing under the run (``train ... | head``: the reader left) is taken as SIGPIPE, the
+same way: a checkpoint, one line on stderr, exit 141.
 """
 from __future__ import annotations
 
+import contextlib
+import os
 import signal
 import sys
 import threading
@@ -45,15 +49,58 @@ class SignalHandlers:
                              "of this step, then stopping (again to stop at once)\n")
             sys.stderr.flush()
 
+    def _stdout_closed(self) -> None:
+        """The reader of standard output left: stop as for a signal (no note: the final line
+        says it), unless a signal came first."""
+        if not self.interrupt.signum:
+            self.interrupt.signum = signal.SIGPIPE
+
     def __enter__(self):
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGINT, signal.SIGTERM):
                 self.old[sig] = signal.signal(sig, self._handle)
+            if sys.stdout is not None:
+                self.stdout = sys.stdout
+                sys.stdout = StdoutGuard(sys.stdout, self._stdout_closed)
         return self
 
     def __exit__(self, *exc):
         for sig, h in self.old.items():
             signal.signal(sig, h)
+        if isinstance(sys.stdout, StdoutGuard) and getattr(self, "stdout", None) is not None:
+            sys.stdout = self.stdout
+
+
+class StdoutGuard:
+    """``sys.stdout`` while a run trains: a write to a pipe whose reader left is a stop request
+    (``closed()``), not a BrokenPipeError in the middle of a step; what is written after goes
+    to /dev/null. Everything else is the stream's own."""
+
+    def __init__(self, stream, closed: Callable[[], None]):
+        self.stream, self.closed = stream, closed
+
+    def write(self, text: str) -> int:
+        try:
+            return self.stream.write(text)
+        except BrokenPipeError:
+            self._gone()
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self.stream.flush()
+        except BrokenPipeError:
+            self._gone()
+
+    def _gone(self) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            null = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(null, self.stream.fileno())
+            os.close(null)
+        self.closed()
+
+    def __getattr__(self, name: str):
+        return getattr(self.stream, name)
 
 
 class Signals:
@@ -86,13 +133,16 @@ class Signals:
 
 
 class TrainingInterrupted(KeyboardInterrupt):
-    """SIGINT/SIGTERM during training: a checkpoint was saved; exit code 128 + signal."""
+    """SIGINT/SIGTERM (or standard output closing: SIGPIPE) during training: a checkpoint was
+    saved; exit code 128 + signal."""
 
     def __init__(self, signum: int, step: int, path: Path | None, run_dir: Path, rank: int = 0,
                  world_size: int = 1):
         self.signum, self.step, self.path, self.run_dir = signum, step, path, run_dir
         self.exit_code = 128 + signum
         name = signal.Signals(signum).name
+        if signum == signal.SIGPIPE:
+            name += " (standard output closed: its reader left)"
         if rank:
             super().__init__(f"rank {rank}: interrupted by {name} at step {step}; rank 0 saved the checkpoint")
             return
