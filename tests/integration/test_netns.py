@@ -61,7 +61,8 @@ class Cluster(netns.Machines):
             try:
                 self.agents[i].wait(timeout=left)
             except subprocess.TimeoutExpired:
-                raise AssertionError(f"machine {i} still running after {timeout} s:\n{self.output(i)[-3000:]}") from None
+                raise AssertionError(f"machine {i} still running after {timeout} s:\n"
+                                     f"{self.output(i)[-3000:]}") from None
 
 
 @pytest.fixture
@@ -191,7 +192,8 @@ def test_a_dead_machine_ends_the_other_with_one_line_within_the_timeout(mnist_re
     c = cluster(2)
     args = ["--model", "softmax", "--data", str(mnist_records), "--run-dir", str(run), "--batch-size", "48",
             "--max-steps", "100000", *COMMON]
-    a, b = c.agent(0, args, "2", env=inject.env(data_delay=0.02)), c.agent(1, args, "2", env=inject.env(data_delay=0.02))
+    env = inject.env(data_delay=0.02)
+    a, b = c.agent(0, args, "2", env=env), c.agent(1, args, "2", env=env)
     wait_for(lambda: any(s >= 10 for s in train_steps(run)), 240, "step 10", [a, b])
     c.kill(0)
     t0 = time.monotonic()

@@ -110,11 +110,30 @@ class FakeStore:
 def test_a_restart_finds_the_run_its_job_recorded(monkeypatch, tmp_path):
     store = FakeStore()
     monkeypatch.setattr(dist, "job_store", lambda: store)
+    monkeypatch.setattr(resume, "_trainings", 0)
     assert resume.restarted_run() is None  # the job's first start: nothing recorded
     resume.remember_job_run(tmp_path / "run", dist.DistInfo(rank=1, world_size=2))
-    assert resume.restarted_run() is None  # only rank 0 records it
+    assert store.keys == {}  # only rank 0 records it
+    monkeypatch.setattr(resume, "_trainings", 0)  # the same process, once more as rank 0
     resume.remember_job_run(tmp_path / "run", dist.DistInfo())
+    assert resume.restarted_run() is None  # a second training of this process is a run of its own
+    monkeypatch.setattr(resume, "_trainings", 0)  # a restarted process, before its first training
     assert resume.restarted_run() == (tmp_path / "run").resolve()
+
+
+def test_each_training_of_a_restarted_script_continues_its_own_run(monkeypatch, tmp_path):
+    store = FakeStore()
+    monkeypatch.setattr(dist, "job_store", lambda: store)
+    monkeypatch.setattr(resume, "_trainings", 0)
+    for name in ("first", "second"):  # a script that trains two runs, one after the other
+        assert resume.restarted_run() is None
+        resume.remember_job_run(tmp_path / name, dist.DistInfo())
+    monkeypatch.setattr(resume, "_trainings", 0)  # restarted: the same script from its start
+    found = []
+    for _ in range(2):
+        found.append(resume.restarted_run())
+        resume.remember_job_run(found[-1], dist.DistInfo())
+    assert found == [(tmp_path / "first").resolve(), (tmp_path / "second").resolve()]
 
 
 def test_without_torchrun_nothing_is_recorded_or_found(monkeypatch, tmp_path):

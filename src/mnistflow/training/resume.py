@@ -112,29 +112,34 @@ def locate_resume(resume: str | os.PathLike | bool, run_dir: str | os.PathLike |
     return found, Path(run_dir) if run_dir else rd
 
 
-JOB_RUN_KEY = "mnistflow/run_dir"  # in the job's store: the run directory this job trains
+JOB_RUN_KEY = "mnistflow/run_dir"  # in the job's store: the run directory each training trains
+_trainings = 0  # the trainings this process started so far (a script may train several runs)
 
 
 def restarted_run() -> Path | None:
     """The run directory this torchrun job has been training, when this process belongs to a
     restart of it (its rank 0 recorded it); None on the job's first start, or without torchrun.
-    Read before the process group is joined (``remember_job_run`` writes after it: no process
-    of the first attempt can see its own attempt's record)."""
+    The k-th training of a process continues the k-th run of the job (a script that trains
+    two runs, restarted, continues each). Read before the process group is joined
+    (``remember_job_run`` writes after it: no process of an attempt sees that attempt's record)."""
     store = dist.job_store()
-    if store is None or not store.check([JOB_RUN_KEY]):
+    key = f"{JOB_RUN_KEY}/{_trainings}"
+    if store is None or not store.check([key]):
         return None
-    return Path(store.get(JOB_RUN_KEY).decode())
+    return Path(store.get(key).decode())
 
 
 def remember_job_run(run_dir: Path, info: dist.DistInfo) -> None:
     """Rank 0: record ``run_dir`` in the job's store, for the restarts of this job to continue;
     every process has read the store (``restarted_run``) before this barrier."""
+    global _trainings
     store = dist.job_store()
     if store is None:
         return
     dist.barrier()
     if info.is_primary:
-        store.set(JOB_RUN_KEY, str(Path(run_dir).resolve()))
+        store.set(f"{JOB_RUN_KEY}/{_trainings}", str(Path(run_dir).resolve()))
+    _trainings += 1
 
 
 def check_same_run(resume: "Resume", run_dir: Path) -> None:
