@@ -51,6 +51,7 @@ def assert_no_crash_output(text: str) -> None:
         assert bad not in text, text[-3000:]
 
 
+@pytest.mark.slow  # ~45 s on 2 shared cores: two --nproc 2 runs, one restarted
 def test_a_killed_process_costs_only_the_steps_since_the_checkpoint(mnist_records, tmp_path):
     """`train --nproc 2 --max-restarts 2`, no --resume: rank 1 is killed (SIGKILL) at step 30,
     after the checkpoint of step 20; torchrun restarts both processes, which resume from step

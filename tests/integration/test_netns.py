@@ -24,6 +24,8 @@ from integration.test_dist import assert_same_curves, metrics, weights_close
 from mnistflow.artifacts import checkpoint
 from mnistflow.training.api import train
 
+pytestmark = pytest.mark.slow  # 25-50 s each on 2 shared cores: several torchruns and their processes
+
 RDZV_PORT = 29400  # inside machine 0's namespace: no other process there can hold it
 # a dead machine is dropped after 10 s without a heartbeat (torch: 5 s x 3); shorter lets a busy CI
 # machine drop a live one, whose agent could not send its heartbeat in time
