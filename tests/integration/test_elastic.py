@@ -80,6 +80,20 @@ def test_a_killed_process_costs_only_the_steps_since_the_checkpoint(mnist_record
     assert s["steps"] == 60 and s["world_size"] == 2 and s["ranks_in_sync"] is True
 
 
+def test_a_process_killed_with_no_restart_left_is_named_in_one_line(mnist_records, tmp_path):
+    """--max-restarts 0: rank 1 killed (SIGKILL) at step 10 says nothing; the launcher names it
+    and exits 128 + 9, as a shell would, with no torchrun report."""
+    proc = run_cli("train", "--nproc", "2", "--model", "softmax", "--data", str(mnist_records), "--run-dir",
+                   str(tmp_path / "run"), "--batch-size", "64", "--max-steps", "200", *COMMON,
+                   env={**ENV, **inject.env(die_at_step={"rank": 1, "step": 10})}, timeout=240)
+    assert proc.returncode == 128 + 9, proc.stderr[-3000:]
+    lines = error_lines(proc.stderr)
+    assert lines[-1].startswith("mnistflow: error: the process of rank 1 (pid "), lines
+    assert lines[-1].endswith("was killed by SIGKILL; the job stopped (--max-restarts 0)"), lines
+    assert all("a collective operation failed" in ln for ln in lines[:-1]), lines  # rank 0's, if it saw it
+    assert_no_crash_output(proc.stdout + proc.stderr)
+
+
 def test_a_restart_never_continues_a_run_the_job_did_not_start(mnist_records, tmp_path):
     """A run directory that holds an older run, under `torchrun --max-restarts 1` without
     --resume: the first start refuses it, and so does the restart (TORCHELASTIC_RESTART_COUNT

@@ -405,9 +405,13 @@ def launch_local(nproc: int, argv: list[str], max_restarts: int = 0) -> int:
     except SignalException as e:  # SIGTERM / Ctrl-C: passed on; the processes said where they stopped
         return 128 + int(e.sigval)
     except ChildFailedError as e:
-        rank, failure = e.get_first_failure()
+        # the root cause: a process killed by a signal (it could say nothing), unless the agent's
+        # own SIGTERM stopped it; else the first failure (it said why, in its own line)
+        killed = [(r, f) for r, f in sorted(e.failures.items())
+                  if f.exitcode < 0 and -f.exitcode != signal.SIGTERM]
+        rank, failure = killed[0] if killed else e.get_first_failure()
         if failure.exitcode >= 0:
-            return failure.exitcode  # it said why (or succeeded while another failed)
+            return failure.exitcode
         try:
             name = signal.Signals(-failure.exitcode).name
         except ValueError:
