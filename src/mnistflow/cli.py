@@ -180,6 +180,9 @@ def _train_flags(p: argparse.ArgumentParser, argv: list[str], verb_defaults: dic
     run.add_argument("--config", type=Path, help="a TOML file of settings (e.g. a run's config.toml)")
     run.add_argument("--nproc", type=_int_in(1, limits.MAX_LOCAL_PROCESSES), metavar="N",
                      help="data parallel on this machine: re-run this command under torchrun with N processes")
+    run.add_argument("--max-restarts", type=_int_in(0, limits.MAX_RESTARTS), metavar="K",
+                     help="with --nproc: when a process dies, restart them all, up to K times; each restart "
+                          "resumes from the newest checkpoint (default: 0)")
     for f in fields(TrainConfig):
         g, meta = groups[f.metadata["group"]], f.metadata
         helptext = meta["help"] + (f" (default: {shown[f.name]})" if shown[f.name] is not None else "")
@@ -210,14 +213,17 @@ def _add_profile(sub, argv: list[str], flags: bool = True) -> None:
     p.set_defaults(func=_run_train, profile=True)
 
 
-def _without_nproc(argv: list[str]) -> list[str]:
+LAUNCHER_FLAGS = ("--nproc", "--max-restarts")  # the launcher's own: not passed to the processes
+
+
+def _without_launcher_flags(argv: list[str]) -> list[str]:
     out, skip = [], False
-    for i, arg in enumerate(argv):
+    for arg in argv:
         if skip:
             skip = False
-        elif arg == "--nproc":
+        elif arg in LAUNCHER_FLAGS:
             skip = True
-        elif not arg.startswith("--nproc="):
+        elif not arg.startswith(tuple(f"{f}=" for f in LAUNCHER_FLAGS)):
             out.append(arg)
     return out
 
@@ -246,14 +252,13 @@ def _run_train(a) -> int:
     if a.profile:
         given = _profile_settings(given)
     if a.nproc is not None:
-        from mnistflow.runtime.dist import env_info, launch_local
-        from mnistflow.training.configure import configure
-        from mnistflow.training.setup import check_run_inputs
+        return _launch(a, given)
+    if a.max_restarts is not None:
+        raise MnistflowError("--max-restarts restarts the processes of --nproc N; under your own torchrun, "
+                             "give it to torchrun (torchrun --max-restarts K ...)")
+    from mnistflow.runtime.dist import die_with_parent
 
-        if env_info().enabled:
-            raise MnistflowError("--nproc is for a plain command; under torchrun leave it out")
-        check_run_inputs(configure(a.config, **given)[0])  # a bad setting: one line here, not one per process
-        return launch_local(a.nproc, _without_nproc(sys.argv[1:]))
+    die_with_parent()  # under torchrun: never left training alone when the agent dies
     try:
         train(config=a.config, **given)
     except TrainingInterrupted as e:  # a checkpoint was saved: 130 (SIGINT) / 143 (SIGTERM)
@@ -263,6 +268,21 @@ def _run_train(a) -> int:
         sys.stderr.write(f"{PROG}: {e}\n")
         return e.exit_code
     return 0
+
+
+def _launch(a, given: dict) -> int:
+    """``train --nproc N``: everything each process would refuse is checked here first (one line,
+    exit 2, not one per process and a torn-down job), then the processes start."""
+    from mnistflow.runtime.dist import env_info, launch_local
+    from mnistflow.training.configure import configure
+    from mnistflow.training.setup import check_launch, check_run_inputs
+
+    if env_info().enabled:
+        raise MnistflowError("--nproc is for a plain command; under torchrun leave it out")
+    cfg, resume = configure(a.config, **given)
+    check_run_inputs(cfg)
+    check_launch(cfg, a.nproc, resume)
+    return launch_local(a.nproc, _without_launcher_flags(sys.argv[1:]), a.max_restarts or 0)
 
 
 def _add_models(sub) -> None:
@@ -523,7 +543,7 @@ def main(argv: list[str] | None = None) -> int:
         # under torchrun every rank raises it: print it once per machine; a lost peer is each rank's own
         if os.environ.get("LOCAL_RANK", "0") == "0" or getattr(e, "per_rank", False):
             sys.stderr.write(f"{PROG}: error: {one_line(e)}\n")
-        return 2
+        return getattr(e, "exit_code", 2)  # 2, or 128 + signal for a process killed under --nproc
     except KeyboardInterrupt:
         sys.stderr.write(f"{PROG}: interrupted\n")
         return 130

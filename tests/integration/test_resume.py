@@ -186,8 +186,9 @@ def test_resume_refuses_a_different_model_or_data_listing_the_differences(mnist_
 def test_a_signal_landing_while_the_save_is_decided_still_stops_with_a_checkpoint(mnist_records, tmp_path,
                                                                                    monkeypatch):
     """The signal arrives inside the save decision of step 7 (no save due there): the run must
-    not stop at 7 unsaved (it did when the flag was read twice), but save and stop at the next
-    point, and that checkpoint is the step the interruption names."""
+    not stop at 7 unsaved (it did when the flag was read twice). The flag is read once, after
+    the decision (the signal and the decision are then agreed by every rank at once): the run
+    saves at 7 and stops there, and that checkpoint is the step the interruption names."""
     from mnistflow.training import checkpointing
 
     decided = checkpointing.Saver.is_new_best
@@ -203,8 +204,8 @@ def test_a_signal_landing_while_the_save_is_decided_still_stops_with_a_checkpoin
         train(model="mlp", data=str(mnist_records), run_dir=str(run), max_steps=40, batch_size=64,
               checkpoint_every=20, quiet=True, threads=1, tensorboard=False)
     steps = _assert_no_corrupt_checkpoint(run)
-    assert stopped.value.step == 8 and steps == [8], (stopped.value.step, steps)
-    assert stopped.value.path is not None and stopped.value.path.name == "step-000008.pt"
+    assert stopped.value.step == 7 and steps == [7], (stopped.value.step, steps)
+    assert stopped.value.path is not None and stopped.value.path.name == "step-000007.pt"
 
 
 def test_a_checkpoint_copied_in_from_another_run_does_not_take_the_run_over(mnist_records, tmp_path):

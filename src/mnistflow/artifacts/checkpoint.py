@@ -57,6 +57,9 @@ SUPERSEDED = "superseded"  # checkpoints of an abandoned timeline (a resume from
 _STEP_FILE = re.compile(r"^step-(\d+)\.pt$")
 PAYLOAD_KEYS = ("format_version", "model", "optimizer", "scheduler", "scaler", "rng", "train_state",
                 "config", "data", "model_info")
+# optional: the RNG states (as ``rng``) of every process of a data parallel run, by rank (rank 0's
+# is ``rng``), so each continues its own stream (dropout) as if never stopped
+RANK_RNG = "rank_rng"
 
 class CorruptCheckpoint(MnistflowError):
     """A checkpoint file that is truncated, altered or not a checkpoint at all."""

@@ -87,6 +87,7 @@ MAX_THREADS = 1024  # --threads, $MNISTFLOW_THREADS: intra-op threads; more is a
 MAX_LOCAL_PROCESSES = 1024  # processes on one machine: --nproc, torchrun's $LOCAL_WORLD_SIZE
 MAX_WORLD_SIZE = 1 << 20  # processes of one run on all machines: torchrun's $WORLD_SIZE
 MAX_DIST_TIMEOUT_S = 7 * 24 * 3600.0  # $MNISTFLOW_DIST_TIMEOUT, a week: inf or 1e30 would overflow the timer
+MAX_RESTARTS = 10_000  # --max-restarts: restarts of the --nproc group (torchrun's own flag has no bound)
 
 # --- issue 40 (dl): downloads, foreign ONNX graphs -----------------------------------------
 # Downloads (``data.known.download``). A file's own size is in the dataset table

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 
-from mnistflow.core.errors import MnistflowError
+from mnistflow.core.errors import MnistflowError, display
 from mnistflow.core.log import note
 from mnistflow.data.open import known_name, policy_of
 from mnistflow.runtime import dist
@@ -36,6 +36,7 @@ def configure(config: str | os.PathLike | None = None, **flags) -> tuple[TrainCo
     flags = {k: str(v) if k in PATHS and isinstance(v, os.PathLike) else v for k, v in flags.items()}
     if flags.get("resume") is True:
         flags["resume"] = "latest"
+    _continue_a_restarted_job(flags)
 
     def given(key: str):
         return flags[key] if flags.get(key) is not None else file.get(key)
@@ -51,6 +52,19 @@ def configure(config: str | os.PathLike | None = None, **flags) -> tuple[TrainCo
     if given("resume"):
         base, resume = _resumed(given, flags)
     return configmod.resolve(recipe, file, flags, base=base), resume
+
+
+def _continue_a_restarted_job(flags: dict) -> None:
+    """Under torchrun, a restart of this job (a process died, a machine left or joined):
+    ``--resume`` of the run it trains, whatever the command line says (the same command as
+    its first start: a new run, or the resume of an older checkpoint)."""
+    run_dir = resumemod.restarted_run()
+    if run_dir is None:
+        return
+    flags.update(resume="latest", run_dir=str(run_dir))
+    if dist.env_info().is_primary and not (flags.get("quiet") or flags.get("json")):
+        note(f"torchrun restarted this job: it continues its run {display(run_dir)} from the newest "
+             "checkpoint")
 
 
 def _recipe_for_target(given, file: dict, flags: dict) -> str:

@@ -2,6 +2,13 @@
 
     mnistflow train --resume --run-dir runs/a              # the newest valid checkpoint of runs/a
     mnistflow train --resume runs/a/checkpoints/step-000400.pt
+    mnistflow train --nproc 2 --max-restarts 3 ...         # a restart resumes by itself
+
+Under torchrun a restarted job (a process died, ``--max-restarts``; a machine left or joined)
+continues by itself: rank 0 records the run directory it trains in the job's store
+(:func:`remember_job_run`), which lives as long as the job, and every new process finds it
+there (:func:`restarted_run`) and resumes it from its newest checkpoint. Only a run this very
+job started (or was resuming) is continued so: a new job never picks up an old run.
 
 Resuming needs only the checkpoint: the learning rate is a pure function of the step and the
 data order a pure function of (seed, epoch), so the loop continues at (epoch, step in epoch)
@@ -103,6 +110,36 @@ def locate_resume(resume: str | os.PathLike | bool, run_dir: str | os.PathLike |
     else:
         raise MnistflowError("no such checkpoint or run directory", p)
     return found, Path(run_dir) if run_dir else rd
+
+
+JOB_RUN_KEY = "mnistflow/run_dir"  # in the job's store: the run directory each training trains
+_trainings = 0  # the trainings this process started so far (a script may train several runs)
+
+
+def restarted_run() -> Path | None:
+    """The run directory this torchrun job has been training, when this process belongs to a
+    restart of it (its rank 0 recorded it); None on the job's first start, or without torchrun.
+    The k-th training of a process continues the k-th run of the job (a script that trains
+    two runs, restarted, continues each). Read before the process group is joined
+    (``remember_job_run`` writes after it: no process of an attempt sees that attempt's record)."""
+    store = dist.job_store()
+    key = f"{JOB_RUN_KEY}/{_trainings}"
+    if store is None or not store.check([key]):
+        return None
+    return Path(store.get(key).decode())
+
+
+def remember_job_run(run_dir: Path, info: dist.DistInfo) -> None:
+    """Rank 0: record ``run_dir`` in the job's store, for the restarts of this job to continue;
+    every process has read the store (``restarted_run``) before this barrier."""
+    global _trainings
+    store = dist.job_store()
+    if store is None:
+        return
+    dist.barrier()
+    if info.is_primary:
+        store.set(f"{JOB_RUN_KEY}/{_trainings}", str(Path(run_dir).resolve()))
+    _trainings += 1
 
 
 def check_same_run(resume: "Resume", run_dir: Path) -> None:
@@ -207,5 +244,9 @@ class Resume:
         state.samples, state.metrics = ts["samples"], dict(ts["metrics"])
         # only a reached target ends a run for good; any other stop is continued past
         state.stop_reason = "target" if ts.get("stop_reason") == "target" else ""
-        if rank > 0:  # the checkpoint holds rank 0's RNG; the others take a fresh stream
-            torch.manual_seed(rank_seed(seed, rank, state.step))
+        if rank > 0:  # the checkpoint's own RNG is rank 0's; the others' are beside it
+            ranks = self.payload.get(checkpoint.RANK_RNG) or []
+            if self.world_size == dist.env_info().world_size and rank < len(ranks) and ranks[rank]:
+                checkpoint.set_rng_state(ranks[rank])
+            else:  # saved by another number of processes (or an older mnistflow): a fresh stream
+                torch.manual_seed(rank_seed(seed, rank, state.step))

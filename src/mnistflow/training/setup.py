@@ -52,6 +52,7 @@ from mnistflow.runtime.cpu import (
 from mnistflow.runtime.device import Amp, limit_gpu_memory, pick_precision
 from mnistflow.training import config as configmod
 from mnistflow.training import resume as resumemod
+from mnistflow.training.agree import check_ranks_agree
 from mnistflow.training.checkpointing import Saver, Signals
 from mnistflow.training.claim import claim_run_dir
 from mnistflow.training.config import TrainConfig, is_import_path
@@ -227,6 +228,7 @@ def build_run(cfg: TrainConfig, run_dir: Path, device: torch.device, info: dist.
     cfg = dataclasses.replace(cfg, precision=precision)  # as resolved: a replay runs the same numerics
     with dist.local_rank_zero_first(info):  # one process per machine prepares the cache
         rec = open_records(prepare(cfg.dataset, cfg.data, quiet=cfg.quiet or cfg.json))
+    check_ranks_agree(cfg, rec, device, info)  # the same settings and data on every rank, or one line
     configmod.check_target_split(cfg, rec.has, rec.path)
     n_train = rec.size(cfg.train_on)
     if cfg.batch_size != "auto":
@@ -344,6 +346,7 @@ def start(cfg: TrainConfig, device: torch.device, info: dist.DistInfo, held: con
     hooks, saver and signals; then the start-up work outside the timer (``--init-from``, the
     warm-up, the restore of a checkpoint)."""
     resume, run_dir = claim_run_dir(cfg, info, held, resume)
+    resumemod.remember_job_run(run_dir, info)  # a restart of this torchrun job continues it
     if resume is not None:
         resume.check(cfg)
     run = build_run(cfg, run_dir, device, info, resume, model)
@@ -365,7 +368,7 @@ def start(cfg: TrainConfig, device: torch.device, info: dist.DistInfo, held: con
     run.signals = Signals(info, catch, quiet=not primary)
     if catch and primary:
         run.saver = Saver(checkpoint.CheckpointDir(run.dir.checkpoints, cfg.keep_checkpoints),
-                          lambda: payload(run), "val" if run.val_loader is not None else "test")
+                          lambda rank_rng: payload(run, rank_rng), "val" if run.val_loader is not None else "test")
     for line in headline(run):
         run.console.message(line)
     run.step_fn = _step_fn(run)
@@ -432,18 +435,22 @@ def model_info(run: Run) -> ModelInfo:
     return info
 
 
-def payload(run: Run) -> dict:
-    """Everything to continue from this step (``artifacts.checkpoint`` writes it)."""
+def payload(run: Run, rank_rng: list | None = None) -> dict:
+    """Everything to continue from this step (``artifacts.checkpoint`` writes it). ``rank_rng``:
+    every rank's RNG state, by rank (rank 0's is the payload's own)."""
     state = run.state
     ts = {"step": state.step, "epoch": state.epoch, "step_in_epoch": state.step_in_epoch,
           "samples": state.samples, "stop_reason": state.stop_reason, "metrics": dict(state.metrics),
           "world_size": run.info.world_size, "threads": torch.get_num_threads()}
-    return checkpoint.capture(
+    out = checkpoint.capture(
         run.raw_model, run.optimizer, run.amp.scaler, ts,
         configmod.to_dict(dataclasses.replace(run.cfg, resume=None)),
         scheduler={"schedule": run.cfg.schedule, "step": state.step, "total_steps": state.total_steps,
                    "lr": run.lr_at(state.step), "note": "the learning rate is a pure function of the step"},
         data=data_fingerprint(run.rec), model_info=dataclasses.asdict(model_info(run)))
+    if rank_rng is not None and len(rank_rng) > 1:
+        out[checkpoint.RANK_RNG] = [None, *rank_rng[1:]]
+    return out
 
 
 @dataclass
@@ -573,6 +580,25 @@ def check_run_inputs(cfg: TrainConfig, *, check_model: bool = True) -> None:
         check_available()  # not installed: one line now, not after the setup
     check_environment()
     check_kernels_environment()
+
+
+def check_launch(cfg: TrainConfig, nproc: int, resume: resumemod.Resume | None = None) -> None:
+    """What each of ``--nproc N``'s processes would refuse, checked once before they start: the
+    collective timeout, the data (prepared here once: the processes then find it ready), the
+    global batch's split over N, and the run directory (rank 0's claim, taken and released
+    here, so a run directory in use or holding another run is named now)."""
+    from mnistflow.core import log
+    from mnistflow.training.claim import claim_run_dir
+
+    dist.timeout_s()
+    rec = open_records(prepare(cfg.dataset, _absolute_data(cfg), quiet=cfg.quiet or cfg.json))
+    configmod.check_target_split(cfg, rec.has, rec.path)
+    if cfg.batch_size != "auto":
+        _check_batch(cfg.batch_size, rec.size(cfg.train_on), nproc, rec.path)
+    with log.quiet(True), contextlib.ExitStack() as held:
+        resume, _ = claim_run_dir(cfg, dist.DistInfo(), held, resume)
+    if resume is not None:
+        resume.check(_resolve_augment(cfg, rec, dist.DistInfo(), resume), rec)
 
 
 def _check_init_from(p: Path) -> None:
