@@ -144,6 +144,11 @@ class RunLock:
     The directory (and its missing parents) is created here; :meth:`release` removes what was
     created when nothing but the lock was written (a training that failed before it began).
 
+    The path is resolved once, when the lock is taken: ``self.dir`` is the real directory that
+    was locked, and every later write goes there (through ``self.dir``), even when a symbolic
+    link on the way (``runs/current``) is repointed during the run: another run's files are
+    never written through a link that moved.
+
     ``new_run``: the lock of a new training (not a resume). When it fails before it recorded
     a step (:meth:`RunDir.has_steps`; an exception leaving the ``with`` block, or
     :meth:`discard`), everything it wrote into the directory since :meth:`acquire` is removed,
@@ -162,8 +167,10 @@ class RunLock:
         try:
             missing = [d for d in (p, *p.parents) if not d.exists()]
             p.mkdir(parents=True, exist_ok=True)
-            self._created = missing  # deepest first
-            self._before = {e.name for e in os.scandir(p)} - {LOCK}
+            # resolved once, now: the directory locked is the one written (see the docstring)
+            self.dir = RunDir(os.path.realpath(p))  # (errors below name the path as given)
+            self._created = [Path(os.path.realpath(d)) for d in missing]  # deepest first
+            self._before = {e.name for e in os.scandir(self.dir.path)} - {LOCK}
             while self._fd is None:
                 # O_NOFOLLOW: a link named .lock is refused (ELOOP, below), never truncated through
                 fd = os.open(self.dir.lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o666)
