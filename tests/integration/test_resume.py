@@ -220,7 +220,7 @@ def test_a_checkpoint_copied_in_from_another_run_does_not_take_the_run_over(mnis
     shutil.copy(other / "checkpoints" / "step-000003.pt", run / "checkpoints" / "step-000999.pt")
     before = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
     proc = run_cli("train", "--resume", "--run-dir", str(run), "--max-steps", "1200")
-    assert_one_line_error(proc, "step-000999.pt: was not written by the run in", "model 'mlp' (the run's: "
+    assert_one_line_error(proc, "step-000999.pt: was written by another run than the one in", "model 'mlp' (the run's: "
                           "'softmax')", "move it out of checkpoints/")
     assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == before
     (run / "checkpoints" / "step-000999.pt").unlink()

@@ -94,6 +94,7 @@ class Run:
     dir: RunDir
     info: dist.DistInfo
     resume: resumemod.Resume | None = None
+    run_id: str = ""  # config.toml's and every checkpoint's: a checkpoint of another run is refused
     loss_fn: Callable | None = None  # a user's loss (logits, targets) -> scalar; None: cross-entropy
     # the loop's parts, wired by ``start``
     steps_per_epoch: int = 0  # the same on every rank, and for any world size
@@ -251,16 +252,17 @@ def build_run(cfg: TrainConfig, run_dir: Path, device: torch.device, info: dist.
     train_loader, val_loader, test_loader = _loaders(cfg, rec, device, info)
     if resume is not None:
         resume.check(cfg, rec)
+    run_id = resumemod.run_id_for(run_dir, resume)
     if info.is_primary:
         run_dir.mkdir(parents=True, exist_ok=True)
-        configmod.save_toml(cfg, RunDir(run_dir).config)
+        configmod.save_toml(cfg, RunDir(run_dir).config, run_id)
     steps_per_epoch = len(train_loader)
     total = max(1, math.ceil(cfg.epochs * steps_per_epoch))
     total = min(total, cfg.max_steps) if cfg.max_steps else total
     return Run(cfg=cfg, rec=rec, device=device, precision=precision, amp=Amp.create(precision, device),
                model=model, raw_model=raw_model, optimizer=optimizer, train_loader=train_loader,
                val_loader=val_loader, test_loader=test_loader, dir=RunDir(run_dir), info=info,
-               resume=resume, steps_per_epoch=steps_per_epoch,
+               resume=resume, run_id=run_id, steps_per_epoch=steps_per_epoch,
                total=total, state=TrainState(total_steps=total))
 
 
@@ -437,7 +439,7 @@ def payload(run: Run) -> dict:
     state = run.state
     ts = {"step": state.step, "epoch": state.epoch, "step_in_epoch": state.step_in_epoch,
           "samples": state.samples, "stop_reason": state.stop_reason, "metrics": dict(state.metrics),
-          "world_size": run.info.world_size, "threads": torch.get_num_threads()}
+          "world_size": run.info.world_size, "threads": torch.get_num_threads(), "run_id": run.run_id}
     return checkpoint.capture(
         run.raw_model, run.optimizer, run.amp.scaler, ts,
         configmod.to_dict(dataclasses.replace(run.cfg, resume=None)),
