@@ -127,6 +127,10 @@ def int8_path(out: Path) -> Path:
     return out.with_name(out.name.removesuffix(".onnx") + ".int8.onnx")
 
 
+def _short(text: str, limit: int = 60) -> str:
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
 def _real(p: Path) -> str:
     """``p`` with its symlinks resolved as far as they go (a symlink loop stays as it is,
     where ``Path.resolve`` raises ``RuntimeError`` before Python 3.13)."""
@@ -170,7 +174,7 @@ def export(model_path: str | Path, format: str, out: str | Path | None = None,
     model beside it that exists) is refused unless ``force``. Without ``out`` the export goes
     next to the model (``default_out``), replacing an earlier export there: it is derived
     from the run and made again from it."""
-    fmt = format.lower()
+    fmt = format.lower() if isinstance(format, str) else format
     if fmt not in EXPORT_FORMATS:
         raise MnistflowError(f"unknown export format '{format}' (known: {', '.join(EXPORT_FORMATS)})")
     if quantize not in (None, "int8"):
@@ -182,6 +186,10 @@ def export(model_path: str | Path, format: str, out: str | Path | None = None,
         raise MnistflowError(f"--only selects parameters for npz/safetensors; {'ONNX' if fmt == 'onnx' else 'pt2'} "
                              "needs the whole model")
     set_threads(None)  # $MNISTFLOW_THREADS or the usable cores, as eval and train (a bad value: one line)
+    for what, value in (("model_path", model_path), ("out", out)):
+        if value is not None and not isinstance(value, (str, os.PathLike)):
+            raise MnistflowError(f"{what} is a path (str or os.PathLike), not {type(value).__name__} "
+                                 f"{_short(repr(value))}")
     src = Path(model_path)
     named = out is not None
     if named:

@@ -178,6 +178,9 @@ def check_input(model: torch.nn.Module, in_shape: tuple[int, int, int], num_clas
         got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
         raise MnistflowError(f"model output for input of shape {shape} is {got}; expected "
                              f"(N, {num_classes}): one score per class")
+    if not out.is_floating_point():  # (integer scores have no gradient: a raw autograd error later)
+        raise MnistflowError(f"model output for input of shape {shape} is a {out.dtype} tensor; expected "
+                             "floating-point scores (logits)")
 
 
 def _resolve_augment(cfg: TrainConfig, rec: Records, info: dist.DistInfo,
@@ -358,8 +361,9 @@ def start(cfg: TrainConfig, device: torch.device, info: dist.DistInfo, held: con
     run.observers = obs = rank_zero_observers(run, run.console, resume_step)
     held.callback(obs.close)  # on a failure too, before the lock's release reads what they wrote
     run.guard = FinalizeGuard(run.raw_model)
-    # the printing observers, the user's callbacks, then the writers (which so record what they return)
-    run.hooks = Hooks([*obs.first, run.guard, *callbacks, *obs.writers])
+    # the printing observers, the user's callbacks, then the guard (a model a callback changed is
+    # named at once) and the writers (which so record what they return)
+    run.hooks = Hooks([*obs.first, *callbacks, run.guard, *obs.writers])
     for cb in callbacks:  # a callback's close(): when the run ends, however it ends (a file, a tracker's run)
         if callable(getattr(cb, "close", None)):
             held.callback(cb.close)
