@@ -35,7 +35,7 @@ from mnistflow.artifacts.pt2 import ExportedModel, program_from_bytes, to_pt2
 from mnistflow.artifacts.rundir import CHECKPOINTS, RunDir
 from mnistflow.core.choices import EXPORT_FORMATS
 from mnistflow.core.errors import MnistflowError, display, import_optional
-from mnistflow.core.fsutil import atomic_write_bytes
+from mnistflow.core.fsutil import atomic_write_bytes, replace_together, sweep_stale
 from mnistflow.core.progress import stages
 from mnistflow.runtime.cpu import set_threads
 
@@ -210,6 +210,7 @@ def export(model_path: str | Path, format: str, out: str | Path | None = None,
                 _check_free(int8_path(out), force, f" (the int8 model written beside {out})")
 
     free()
+    sweep_stale(out.parent)  # what a killed export (or another writer) left there
     model, info = load_any(src, model_name, "cpu", data=data)
     if isinstance(model, (OnnxBackend, ExportedModel)):
         raise MnistflowError(f"already an {'ONNX model' if isinstance(model, OnnxBackend) else 'exported program'}; "
@@ -307,14 +308,7 @@ def _export_onnx_stages(stage, model, info: ModelInfo, out: Path, quantize, data
         qout = int8_path(out)
         qlogits = OnnxBackend(session(qblob), info).run(x)
         free()
-        new = not os.path.lexists(out)
-        atomic_write_bytes(out, blob)
-        try:
-            atomic_write_bytes(qout, qblob)
-        except BaseException:
-            if new:  # not one model of the pair without the other
-                out.unlink(missing_ok=True)
-            raise
+        replace_together({out: blob, qout: qblob})  # never one model of the pair without the other
         res["int8"] = {"out": str(qout), "bytes": qout.stat().st_size, "acc": _accuracy(qlogits, y),
                        "label_agreement": float((qlogits.argmax(1) == ref.argmax(1)).mean()),
                        "max_abs_diff": float(np.abs(qlogits - ref).max()),

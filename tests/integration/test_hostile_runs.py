@@ -1,7 +1,8 @@
 """The third sweep's run-directory findings (issue 40): a run never writes into another run's
 directory, whatever a link on the way does meanwhile (R4); ``--resume`` never continues another
 run's checkpoint, and an edit of config.toml is honoured or refused, never silently written
-back (R5, G04)."""
+back (R5, G04); an int8 pair is never half replaced (R10); what a killed writer left beside
+its output is swept by the next one (R11)."""
 from __future__ import annotations
 
 import hashlib
@@ -12,10 +13,13 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from helpers import inject
 from helpers.cli import assert_one_line_error, run_cli
 
 from mnistflow.artifacts.rundir import RunDir
+from mnistflow.core import fsutil
 from mnistflow.training.api import train
 
 QUICK = dict(quiet=True, threads=1, tensorboard=False)
@@ -142,3 +146,98 @@ def test_an_edited_config_is_honoured_and_said_or_refused_naming_the_key(synthet
     assert "\nlr = 0.01\n" in cfg.read_text()
     proc = run_cli("train", "--resume", "--run-dir", str(run), "--max-steps", "8", "--lr", "0.02")
     assert proc.returncode == 0 and "\nlr = 0.02\n" in cfg.read_text()  # a flag still wins
+
+
+def _names(folder) -> list[str]:
+    return sorted(p.name for p in folder.iterdir())
+
+
+# --- R11: temporary names with an owner, swept when it is gone ------------------------------------
+
+def _killed_writer(path) -> str:
+    """What a writer of ``path`` killed with -9 leaves: a process makes its temporary folder
+    (``fsutil.temp_name``) and a file in it, and is killed."""
+    code = ("import os, sys, time; from mnistflow.core.fsutil import temp_name; p = temp_name(sys.argv[1]); "
+            "os.mkdir(p); open(os.path.join(p, 'loss.png'), 'wb').write(b'x' * 1000); print(p, flush=True); "
+            "time.sleep(60)")
+    proc = subprocess.Popen([sys.executable, "-c", code, str(path)], stdout=subprocess.PIPE, text=True)
+    left = proc.stdout.readline().strip()
+    proc.kill()
+    proc.wait()
+    return os.path.basename(left)
+
+
+def test_the_sweep_removes_what_gone_owners_left_of_any_name_and_keeps_the_rest(tmp_path):
+    """R11 / PS02: a killed ``report --out D/rep`` and ``prep --out D/recs`` left their folders;
+    the next writer into D (any name) removes them; a live writer's, another host's recent one,
+    a link and an unrelated dot-file stay."""
+    rep, recs = _killed_writer(tmp_path / "rep"), _killed_writer(tmp_path / "recs")
+    host = fsutil.owner().rsplit("-", 1)[0]
+    live = tmp_path / f".model.onnx.tmp-{host}-{os.getppid()}-ab12"
+    live.write_bytes(b"being written")
+    unnamed_old = tmp_path / ".rep.0123456789abcdef.tmp"  # an older mnistflow's report folder
+    unnamed_old.mkdir()
+    t = time.time() - 2 * fsutil.STALE_AFTER_S
+    os.utime(unnamed_old, (t, t))
+    elsewhere = tmp_path / ".rep.tmp-otherhost-1-cd34"
+    elsewhere.mkdir()
+    link = tmp_path / f".x.tmp-{host}-999999999-ef"
+    link.symlink_to(tmp_path)
+    unrelated = tmp_path / ".config.tmp"
+    unrelated.write_text("mine")
+    gone = fsutil.sweep_stale(tmp_path)
+    assert sorted(p.name for p in gone) == sorted([rep, recs, unnamed_old.name])
+    assert _names(tmp_path) == sorted([live.name, elsewhere.name, link.name, unrelated.name])
+
+
+def test_an_old_name_whose_file_is_missing_is_put_back(tmp_path):
+    """Killed between 'NAME -> old' and 'tmp -> NAME': the old one is the live one."""
+    host = fsutil.owner().rsplit("-", 1)[0]
+    proc = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    old = tmp_path / f".m.onnx.old-{host}-{proc.stdout.strip()}-ab"
+    old.write_bytes(b"the model")
+    assert fsutil.sweep_stale(tmp_path) == [old]
+    assert _names(tmp_path) == ["m.onnx"] and (tmp_path / "m.onnx").read_bytes() == b"the model"
+
+
+def test_report_and_prep_sweep_what_killed_writers_left_beside_their_out(synthetic_records, mnist_dir, tmp_path):
+    """R11 (D-rep-k9, D02, PS02): a kill -9 of ``report --out D/rep`` left ``.rep.*`` and nothing
+    removed it; a killed ``prep --out D/recs`` was swept only by a prep of the same --out. Now
+    the next report or prep into D removes them (their owner is gone)."""
+    run = tmp_path / "run"
+    train(recipe="softmax", data=synthetic_records, run_dir=run, max_steps=5, **QUICK)
+    d = tmp_path / "D"
+    d.mkdir()
+    _killed_writer(d / "rep"), _killed_writer(d / "recs")
+    proc = run_cli("report", str(run), "--out", str(d / "rep"))
+    assert proc.returncode == 0, proc.stderr
+    assert _names(d) == ["rep"]
+    _killed_writer(d / "recs")
+    proc = run_cli("prep", "mnist", "--data", str(mnist_dir), "--out", str(d / "other"))
+    assert proc.returncode == 0, proc.stderr
+    assert _names(d) == ["other", "rep"]
+
+
+def _chattr(path, flag: str) -> bool:
+    return shutil.which("chattr") is not None and subprocess.run(
+        ["chattr", flag, str(path)], capture_output=True).returncode == 0
+
+
+def test_an_int8_pair_export_whose_second_write_fails_keeps_the_old_pair(synthetic_records, tmp_path):
+    """R10 (C09): with ``m.int8.onnx`` immutable, ``export OTHER --force`` ended rc 2 with
+    m.onnx already the other run's. Now the old pair stays whole (and no temporary name)."""
+    r1, r2, pair = tmp_path / "r1", tmp_path / "r2", tmp_path / "pair"
+    train(recipe="softmax", data=synthetic_records, run_dir=r1, max_steps=5, **QUICK)
+    train(recipe="softmax", data=synthetic_records, run_dir=r2, max_steps=5, seed=7, **QUICK)
+    proc = run_cli("export", str(r1), "--format", "onnx", "--quantize", "int8", "--out", str(pair / "m.onnx"))
+    assert proc.returncode == 0, proc.stderr
+    before = _files(pair)
+    if not _chattr(pair / "m.int8.onnx", "+i"):
+        pytest.skip("chattr +i is not allowed here (tests/unit/test_hostile_runs_files.py injects the fault)")
+    try:
+        proc = run_cli("export", str(r2), "--format", "onnx", "--quantize", "int8", "--out", str(pair / "m.onnx"),
+                       "--force")
+    finally:
+        _chattr(pair / "m.int8.onnx", "-i")
+    assert_one_line_error(proc, "m.int8.onnx: Operation not permitted")
+    assert _files(pair) == before and _names(pair) == ["m.int8.onnx", "m.onnx"]
