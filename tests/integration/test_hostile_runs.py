@@ -241,3 +241,28 @@ def test_an_int8_pair_export_whose_second_write_fails_keeps_the_old_pair(synthet
         _chattr(pair / "m.int8.onnx", "-i")
     assert_one_line_error(proc, "m.int8.onnx: Operation not permitted")
     assert _files(pair) == before and _names(pair) == ["m.int8.onnx", "m.onnx"]
+
+
+# --- R12: train --compile with a full TMPDIR --------------------------------------------------------
+
+def test_compile_with_a_full_tmpdir_is_one_line(synthetic_records, tmp_path):
+    """R12 (CO02), as reproduced: TMPDIR a full 256 KB tmpfs (in a mount namespace of its own).
+    Before: rc 1, 136 lines (inductor's traceback and g++'s output) after ~20 s of CPU."""
+    full, run = tmp_path / "full", tmp_path / "rd"
+    full.mkdir()
+    if os.geteuid() != 0 or not shutil.which("unshare") or subprocess.run(
+            ["unshare", "-m", "true"], capture_output=True).returncode != 0:
+        pytest.skip("needs a mount namespace (root, unshare -m): "
+                    "tests/unit/test_hostile_runs_api.py injects the same fault")
+    train_cmd = " ".join([sys.executable, "-m", "mnistflow", "train", "--recipe", "softmax", "--data",
+                          str(synthetic_records), "--run-dir", str(run), "--compile", "--max-steps", "20",
+                          "--no-tensorboard"])
+    script = (f"mount -t tmpfs -o size=256k tmpfs {full} && (dd if=/dev/zero of={full}/fill bs=4k 2>/dev/null; "
+              f"TMPDIR={full} {train_cmd}; echo rc=$? >&2; ls -A {full} >&2)")
+    proc = subprocess.run(["unshare", "-m", "sh", "-c", script], capture_output=True, text=True, timeout=120)
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 3 and lines[1] == "rc=2" and lines[2] == "fill", proc.stderr  # nothing else left there
+    assert lines[0] == (f"mnistflow: error: {full}: --compile needs room for the code it generates: the "
+                        "temporary directory (TMPDIR) the C++ compiler writes to has 0.0 MB free (at least "
+                        "64 MB): free some, set TMPDIR to a folder with room, or train without --compile")
+    assert not run.exists()

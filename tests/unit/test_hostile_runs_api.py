@@ -151,3 +151,47 @@ def test_register_model_refuses_what_model_could_not_name(factory, name, message
     with pytest.raises(MnistflowError, match=re.escape(message)):
         registry.register_model(factory, name=name)
     assert registry.list_models() == before
+
+
+# --- R12: train --compile with a full disk ----------------------------------------------------------
+
+def test_compile_refuses_a_full_temporary_directory_before_it_starts(synthetic_records, tmp_path, monkeypatch):
+    """R12 (CO02), the check before the compile: a full TMPDIR (or cache directory) is one line
+    naming it (the reproduction itself, a real full tmpfs: tests/integration/test_hostile_runs.py)."""
+    from mnistflow.runtime import compile_room
+
+    full = tmp_path / "full"
+    full.mkdir()
+    real = compile_room.shutil.disk_usage
+    monkeypatch.setattr(compile_room.shutil, "disk_usage",
+                        lambda p: real(p)._replace(free=4096) if str(p) == str(full) else real(p))
+    monkeypatch.setenv("TMPDIR", str(full))
+    with pytest.raises(MnistflowError, match=re.escape(
+            f"{full}: --compile needs room for the code it generates: the temporary directory (TMPDIR) the C++ "
+            "compiler writes to has 0.0 MB free (at least 64 MB): free some, set TMPDIR to a folder with room")):
+        mnistflow.train("softmax", synthetic_records, run_dir=tmp_path / "run", max_steps=2, compile=True, **QUICK)
+    assert not (tmp_path / "run").exists()
+
+
+class _CompiledOutOfSpace(nn.Module):
+    """What ``torch.compile`` gives when the disk fills during the compile: its first call
+    raises inductor's error, which wraps the OSError."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, x):
+        try:
+            raise OSError(28, "No space left on device", "/tmp/x/ccKv3rLd.s")
+        except OSError as e:
+            raise RuntimeError("InductorError: CppCompileError: C++ compile error") from e
+
+
+def test_compile_that_runs_out_of_space_midway_is_one_line(synthetic_records, tmp_path, monkeypatch):
+    """R12: the room was there when it started, and ran out during the compile: before, rc 1
+    and 144 lines (inductor's traceback, the compiler's command and output)."""
+    monkeypatch.setattr(torch, "compile", _CompiledOutOfSpace)
+    with pytest.raises(MnistflowError, match="--compile ran out of disk space writing the code it generates, in "):
+        mnistflow.train("softmax", synthetic_records, run_dir=tmp_path / "run", max_steps=2, compile=True, **QUICK)
+    assert not (tmp_path / "run").exists()

@@ -38,6 +38,7 @@ from mnistflow.models.ensemble import nets
 from mnistflow.models.registry import check_trainable
 from mnistflow.runtime import dist
 from mnistflow.runtime.compat import set_recompile_logs
+from mnistflow.runtime.compile_room import check_compile_room, compile_failure
 from mnistflow.runtime.cpu import (
     busy_cores_elsewhere,
     default_threads,
@@ -250,6 +251,7 @@ def build_run(cfg: TrainConfig, run_dir: Path, device: torch.device, info: dist.
 
         model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
     if cfg.compile:
+        check_compile_room()  # a full cache or temporary directory: one line now, not a traceback later
         set_recompile_logs()  # a recompilation is reported with its reason
         model = torch.compile(model)
     train_loader, val_loader, test_loader = _loaders(cfg, rec, device, info)
@@ -501,8 +503,14 @@ def warm_up(run: Run) -> None:
     setup, not charged to training."""
     xb = next(iter(run.train_loader))[0]  # the real batch shape: under --compile, no recompile later
     state = {k: v.clone() for k, v in run.raw_model.state_dict().items()}
-    with run.amp.autocast():
-        run.model(xb).float().sum().backward()
+    try:
+        with run.amp.autocast():
+            run.model(xb).float().sum().backward()  # under --compile: the compile
+    except Exception as e:
+        failure = compile_failure(e) if run.cfg.compile else None  # the disk filled meanwhile
+        if failure is None:
+            raise
+        raise failure from None
     run.raw_model.load_state_dict(state)  # BN statistics back to their initial values
     run.optimizer.zero_grad(set_to_none=True)
     run.train_loader.stats.reset()
