@@ -195,6 +195,11 @@ def export(model_path: str | Path, format: str, out: str | Path | None = None,
     if named:
         _check_out_name(os.fspath(out), fmt)
     source_file = _real(RunDir(src).model if src.is_dir() else src)
+    training = RunDir(src).training_pid() if src.is_dir() and not named else None
+    if training:  # RUN/model.onnx of a step in the middle, beside the final model.safetensors: refused
+        raise MnistflowError(f"a training is writing this run now (pid {training}): its export would be of a "
+                             "mid-run checkpoint, left in the run beside its final model as if made from it; "
+                             "export when the run ends, or name the file with --out", src)
     if out is None:
         out = default_out(src, fmt)
         if _real(out) == source_file:  # e.g. safetensors of a run: RUN/model.weights.safetensors

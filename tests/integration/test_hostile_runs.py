@@ -266,3 +266,44 @@ def test_compile_with_a_full_tmpdir_is_one_line(synthetic_records, tmp_path):
                         "temporary directory (TMPDIR) the C++ compiler writes to has 0.0 MB free (at least "
                         "64 MB): free some, set TMPDIR to a folder with room, or train without --compile")
     assert not run.exists()
+
+
+# --- minor findings: a run read while it trains, $MNISTFLOW_HOME where nothing can be kept ----------
+
+def test_a_run_read_while_it_trains_says_so_and_export_does_not_sit_beside_it(synthetic_records, tmp_path):
+    """Before: ``eval``/``export RUN`` of a run in progress silently used its newest checkpoint,
+    and ``export`` left RUN/model.* of that mid-run checkpoint beside the final model. Now a
+    read says so in one line; an export into the run is refused (its files would look like the
+    export of the finished run); one to a file named with --out is made, said the same way."""
+    run = tmp_path / "run"
+    args = ["train", "--recipe", "softmax", "--data", str(synthetic_records), "--run-dir", str(run), "--epochs",
+            "100", "--checkpoint-every", "3", "--no-tensorboard", "--quiet", "--threads", "1"]
+    proc = subprocess.Popen([sys.executable, "-m", "mnistflow", *args], env={**os.environ,
+                            **inject.env(data_delay=0.2)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        t0 = time.monotonic()
+        while not list(RunDir(run).checkpoints.glob("step-*.pt")):
+            assert proc.poll() is None and time.monotonic() - t0 < 60, proc.communicate()
+            time.sleep(0.05)
+        said = f"{run}: a training is writing this run now (pid {proc.pid}): reading its newest checkpoint, step-"
+        ev = run_cli("eval", str(run))
+        assert ev.returncode == 0 and said in ev.stderr, ev.stderr
+        ex = run_cli("export", str(run), "--format", "npz")
+        assert_one_line_error(ex, f"{run}: a training is writing this run now (pid {proc.pid}): its export would "
+                              "be of a mid-run checkpoint", "name the file with --out")
+        ex = run_cli("export", str(run), "--format", "npz", "--out", str(tmp_path / "mid.npz"))
+        assert ex.returncode == 0 and said in ex.stderr and (tmp_path / "mid.npz").is_file(), ex.stderr
+    finally:
+        proc.kill()
+        proc.communicate()
+    assert not list(run.glob("model.*npz"))
+
+
+def test_a_mnistflow_home_that_can_hold_nothing_is_named(mnist_dir, tmp_path):
+    """Before: ``MNISTFLOW_HOME=/proc/self`` said "the records need ~0.00 GiB; 0.00 GiB are free
+    there", not the cause."""
+    proc = run_cli("prep", "mnist", "--data", str(mnist_dir), env={"MNISTFLOW_HOME": "/proc/self"})
+    assert_one_line_error(proc, "/proc/self: $MNISTFLOW_HOME is on a file system that holds no files (like /proc)")
+    (tmp_path / "file").write_text("x")
+    proc = run_cli("prep", "mnist", "--data", str(mnist_dir), env={"MNISTFLOW_HOME": str(tmp_path / "file" / "sub")})
+    assert_one_line_error(proc, f"{tmp_path / 'file'}: $MNISTFLOW_HOME is a file, not a folder")

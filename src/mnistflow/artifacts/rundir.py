@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mnistflow.core.errors import MnistflowError
+from mnistflow.core.fsutil import pid_alive
 from mnistflow.data.records import is_record_set
 
 try:
@@ -99,6 +100,22 @@ class RunDir:
         if is_record_set(self.path, among_others=True):
             raise MnistflowError("this directory holds prepared records (meta.json and its data): a run's "
                                  "files do not go among them; pick another --run-dir", self.path)
+        runs = self.runs_inside()
+        if runs:
+            raise MnistflowError(f"this directory holds other runs ({', '.join(runs[:3])}"
+                                 f"{', ...' if len(runs) > 3 else ''}): a run directory is one run's; pick a "
+                                 "new folder (e.g. a name inside it) as --run-dir", self.path)
+
+    def runs_inside(self, limit: int = 1000) -> list[str]:
+        """The names of the runs among the first ``limit`` entries of this directory (a folder of
+        runs such as ``runs/``), sorted."""
+        try:
+            with os.scandir(self.path) as it:
+                entries = [e for _, e in zip(range(limit), it)]
+        except OSError:
+            return []
+        return sorted(e.name for e in entries if e.is_dir(follow_symlinks=False) and e.name != CHECKPOINTS
+                      and RunDir(e.path).is_run())
 
     def has_steps(self) -> bool:
         """Whether a training recorded any of its steps here: a metrics line, a checkpoint, a
@@ -111,6 +128,24 @@ class RunDir:
                 return True  # cannot tell: keep it
         return any(nonempty(p) for p in (self.metrics, self.checkpoints, self.profile, self.model, self.summary))
 
+    def training_pid(self) -> int | None:
+        """The process id of the training that holds this run's lock now (a run being trained:
+        its files are those of a step in the middle), else None. A lock file a killed training
+        left is not held (``/proc/locks``; where the system does not tell: its pid is gone)."""
+        try:
+            fd = os.open(self.lock, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError:
+            return None
+        try:
+            st = os.fstat(fd)
+            text = os.pread(fd, 32, 0).strip() if stat.S_ISREG(st.st_mode) else b""
+        finally:
+            os.close(fd)
+        if not text.isdigit():
+            return None
+        held = _flocked(st)
+        return int(text) if held or (held is None and pid_alive(int(text))) else None
+
     def is_empty(self) -> bool:
         """Missing, or holding nothing but a lock file (of a training killed at its start)."""
         try:
@@ -119,6 +154,19 @@ class RunDir:
             return True
         except NotADirectoryError:
             return False
+
+
+def _flocked(st: os.stat_result) -> bool | None:
+    """Whether the file ``st`` describes is held by an ``flock`` now, from ``/proc/locks``
+    (None: the system does not tell). Read only: taking the lock to find out would make a
+    training that starts at that moment fail."""
+    try:
+        with open("/proc/locks", "rb") as f:
+            text = f.read(1 << 20).decode("ascii", "replace")
+    except OSError:
+        return None
+    want = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    return any(line.split()[1:2] == ["FLOCK"] and want in line.split() for line in text.splitlines())
 
 
 def _a_lock_file(fd: int) -> bool:

@@ -34,6 +34,7 @@ from typing import Iterable
 
 from mnistflow.artifacts.rundir import RunDir
 from mnistflow.artifacts.runlog import load_run
+from mnistflow.core import limits
 from mnistflow.core.errors import MnistflowError, os_error
 from mnistflow.core.progress import stages
 from mnistflow.reporting.page import HTML_FILE, render_html
@@ -155,6 +156,9 @@ def build_report(run_dir: str | Path, out: str | Path | None = None, compare: It
                  threads: int | None = None, force: bool = False) -> tuple[Path, list[Path]]:
     """Write the PNGs and the HTML page; returns (the page, the PNGs). ``out``: see the
     module's docstring (``force`` writes into an ``out`` that is not empty)."""
+    compare = list(compare)
+    if len(compare) > limits.MAX_COMPARE_RUNS:  # each is held at once (its curves thinned: load_run)
+        raise MnistflowError(f"--compare takes at most {limits.MAX_COMPARE_RUNS} runs, got {len(compare)}")
     run = load_run(run_dir)
     folder = Path(out) if out is not None else RunDir(run.path).report
     if out is not None:
