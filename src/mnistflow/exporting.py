@@ -215,7 +215,7 @@ def export(model_path: str | Path, format: str, out: str | Path | None = None,
                 _check_free(int8_path(out), force, f" (the int8 model written beside {out})")
 
     free()
-    sweep_stale(out.parent)  # what a killed export (or another writer) left there
+    sweep_stale(out.parent, out.name)  # what a killed export (or another writer) left there
     model, info = load_any(src, model_name, "cpu", data=data)
     if isinstance(model, (OnnxBackend, ExportedModel)):
         raise MnistflowError(f"already an {'ONNX model' if isinstance(model, OnnxBackend) else 'exported program'}; "

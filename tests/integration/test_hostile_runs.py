@@ -185,9 +185,12 @@ def test_the_sweep_removes_what_gone_owners_left_of_any_name_and_keeps_the_rest(
     link.symlink_to(tmp_path)
     unrelated = tmp_path / ".config.tmp"
     unrelated.write_text("mine")
-    gone = fsutil.sweep_stale(tmp_path)
-    assert sorted(p.name for p in gone) == sorted([rep, recs, unnamed_old.name])
-    assert _names(tmp_path) == sorted([live.name, elsewhere.name, link.name, unrelated.name])
+    users = tmp_path / ".notes.tmp-backup"  # no owner in its name: maybe a user's own file
+    users.write_text("mine")
+    os.utime(users, (t, t))
+    assert sorted(p.name for p in fsutil.sweep_stale(tmp_path)) == sorted([rep, recs])
+    assert sorted(p.name for p in fsutil.sweep_stale(tmp_path, "rep")) == [unnamed_old.name]  # the writer of rep
+    assert _names(tmp_path) == sorted([live.name, elsewhere.name, link.name, unrelated.name, users.name])
 
 
 def test_an_old_name_whose_file_is_missing_is_put_back(tmp_path):

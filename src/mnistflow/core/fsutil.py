@@ -137,10 +137,14 @@ def _stale(p: Path, m: re.Match | None, locked: bool, max_age_s: float) -> bool:
 
 def sweep_stale(folder: str | Path, name: str | None = None, *, locked: bool = False,
                 max_age_s: float = STALE_AFTER_S) -> list[Path]:
-    """Remove the temporary names (``temp_name``) in ``folder`` whose owner is gone (only those
-    of ``name`` when given): a ``.tmp`` goes; an ``.old`` is put back when its NAME is missing
-    (its owner was killed between its two renames: the old one is the live one), else goes.
-    Links and what is not ours are never touched. Returns what went (or was put back)."""
+    """Remove the temporary names (``temp_name``) in ``folder`` whose owner is gone, whatever
+    name they were written for; and, for ``name`` (the one the caller writes), an older
+    mnistflow's names without an owner, once over ``max_age_s`` old (a name without its owner
+    could be a user's file: only a writer of that name judges it). A ``.tmp`` goes; an ``.old``
+    is put back when its NAME is missing (its owner was killed between its two renames: the old
+    one is the live one), else goes. ``locked``: the folder is this process's (a run's
+    checkpoints/, under the run's lock): every temporary name in it is stale. Links are never
+    touched. Returns what went (or was put back)."""
     folder = Path(folder)
     gone = []
     try:
@@ -150,7 +154,8 @@ def sweep_stale(folder: str | Path, name: str | None = None, *, locked: bool = F
     for p in entries:
         m = _LEFTOVER.match(p.name)
         u = None if m else _UNNAMED.match(p.name)
-        if (m or u) is None or (name is not None and (m or u)["name"] != name) or p.is_symlink():
+        owned = m is not None and m["pid"] is not None
+        if (m or u) is None or p.is_symlink() or not (owned or locked or (m or u)["name"] == name):
             continue
         if not _stale(p, m, locked, max_age_s):
             continue

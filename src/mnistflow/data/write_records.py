@@ -105,7 +105,7 @@ def write_records(raw: RawDataset, out: Path, *, key: str, options: dict,
     with _sigterm_as_exit():
         tmp = None
         try:
-            sweep_stale(out.parent)  # what killed writers left here, of any name
+            sweep_stale(out.parent, out.name)  # what killed writers left here, of any name
             # Named before it exists: a SIGTERM landing just after the mkdir still finds it bound
             # for the cleanup below (mkdtemp's return value would be lost, the folder left).
             tmp = temp_name(out)

@@ -113,7 +113,7 @@ def _publish(folder: Path, files: dict[str, bytes], named: bool, force: bool) ->
         if (real / name).is_dir() and not (real / name).is_symlink():
             raise MnistflowError("is a directory, not a file; not replaced", folder / name)
     created = make_dirs(real.parent)
-    sweep_stale(real.parent)  # what a killed report (or another writer) left here
+    sweep_stale(real.parent, real.name)  # what a killed report (or another writer) left here
     tmp = temp_name(real)
     try:
         os.mkdir(tmp)
