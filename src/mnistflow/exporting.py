@@ -37,7 +37,7 @@ from mnistflow.artifacts.pt2 import ExportedModel, program_from_bytes, to_pt2
 from mnistflow.artifacts.rundir import CHECKPOINTS, RunDir
 from mnistflow.core.choices import EXPORT_FORMATS
 from mnistflow.core.errors import MnistflowError, display, import_optional
-from mnistflow.core.fsutil import atomic_write_bytes
+from mnistflow.core.fsutil import atomic_write_bytes, replace_together, sweep_stale
 from mnistflow.core.progress import stages
 from mnistflow.runtime.cpu import set_threads
 
@@ -131,6 +131,10 @@ def int8_path(out: Path) -> Path:
     return out.with_name(out.name.removesuffix(".onnx") + ".int8.onnx")
 
 
+def _short(text: str, limit: int = 60) -> str:
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
 def _real(p: Path) -> str:
     """``p`` with its symlinks resolved as far as they go (a symlink loop stays as it is,
     where ``Path.resolve`` raises ``RuntimeError`` before Python 3.13)."""
@@ -201,7 +205,7 @@ def export(model_path: str | Path, format: str, out: str | Path | None = None,
     ``quantize``, an int8 model beside it that exists) is refused unless ``force``. Without
     ``out`` the export goes next to the model (``default_out``), replacing an earlier export
     there: it is derived from the run and made again from it."""
-    fmt = format.lower()
+    fmt = format.lower() if isinstance(format, str) else format
     if fmt not in EXPORT_FORMATS:
         raise MnistflowError(f"unknown export format '{format}' (known: {', '.join(EXPORT_FORMATS)})")
     if quantize not in (None, "int8"):
@@ -213,11 +217,20 @@ def export(model_path: str | Path, format: str, out: str | Path | None = None,
         raise MnistflowError(f"--only selects parameters for npz/safetensors; "
                              f"{ {'onnx': 'ONNX', 'pt2': 'pt2', 'web': 'a web page'}[fmt]} needs the whole model")
     set_threads(None)  # $MNISTFLOW_THREADS or the usable cores, as eval and train (a bad value: one line)
+    for what, value in (("model_path", model_path), ("out", out)):
+        if value is not None and not isinstance(value, (str, os.PathLike)):
+            raise MnistflowError(f"{what} is a path (str or os.PathLike), not {type(value).__name__} "
+                                 f"{_short(repr(value))}")
     src = Path(model_path)
     named = out is not None
     if named:
         (_check_out_folder if fmt == "web" else _check_out_name)(os.fspath(out), fmt)
     source_file = _real(RunDir(src).model if src.is_dir() else src)
+    training = RunDir(src).training_pid() if src.is_dir() and not named else None
+    if training:  # RUN/model.onnx of a step in the middle, beside the final model.safetensors: refused
+        raise MnistflowError(f"a training is writing this run now (pid {training}): its export would be of a "
+                             "mid-run checkpoint, left in the run beside its final model as if made from it; "
+                             "export when the run ends, or name the file with --out", src)
     if out is None:
         out = default_out(src, fmt)
         if _real(out) == source_file:  # e.g. safetensors of a run: RUN/model.weights.safetensors
@@ -235,6 +248,7 @@ def export(model_path: str | Path, format: str, out: str | Path | None = None,
                 _check_free(int8_path(out), force, f" (the int8 model written beside {out})")
 
     free()
+    sweep_stale(out.parent, out.name)  # what a killed export (or another writer) left there
     model, info = load_any(src, model_name, "cpu", data=data)
     if isinstance(model, (OnnxBackend, ExportedModel)):
         raise MnistflowError(f"already an {'ONNX model' if isinstance(model, OnnxBackend) else 'exported program'}; "
@@ -358,14 +372,7 @@ def _export_onnx_stages(stage, model, info: ModelInfo, out: Path, quantize, data
         qout = int8_path(out)
         qlogits = OnnxBackend(session(qblob), info).run(x)
         free()
-        new = not os.path.lexists(out)
-        atomic_write_bytes(out, blob)
-        try:
-            atomic_write_bytes(qout, qblob)
-        except BaseException:
-            if new:  # not one model of the pair without the other
-                out.unlink(missing_ok=True)
-            raise
+        replace_together({out: blob, qout: qblob})  # never one model of the pair without the other
         res["int8"] = {"out": str(qout), "bytes": qout.stat().st_size, "acc": _accuracy(qlogits, y),
                        "label_agreement": float((qlogits.argmax(1) == ref.argmax(1)).mean()),
                        "max_abs_diff": float(np.abs(qlogits - ref).max()),

@@ -103,11 +103,11 @@ def test_killed_at_any_moment_resumes_bitwise_identical(mnist_records, tmp_path)
     # 4. kill -9 inside a checkpoint write (temp file written, not yet renamed)
     before = _assert_no_corrupt_checkpoint(run)
     p = _launch(_args(mnist_records, run), log, env=inject.env(slow_save=30))
-    _wait(lambda: any((run / "checkpoints").glob(".step-*.tmp")), p)
+    _wait(lambda: any((run / "checkpoints").glob(".step-*.tmp-*")), p)
     time.sleep(0.2)
     p.kill()
     p.wait()
-    tmp = list((run / "checkpoints").glob(".step-*.tmp"))
+    tmp = list((run / "checkpoints").glob(".step-*.tmp-*"))
     assert tmp and tmp[0].stat().st_size > 1_000_000  # killed with the payload written
     after = _assert_no_corrupt_checkpoint(run)
     assert after[-1] == before[-1]  # the half-saved checkpoint never appeared
@@ -123,7 +123,7 @@ def test_killed_at_any_moment_resumes_bitwise_identical(mnist_records, tmp_path)
         assert f"interrupted by {sig.name} at step" in err and "continue with: mnistflow train --resume" in err
         step = int(err.split(" at step ")[1].split(";")[0])
         steps = _assert_no_corrupt_checkpoint(run)
-        assert steps[-1] == step and not list((run / "checkpoints").glob(".*.tmp"))
+        assert steps[-1] == step and not list((run / "checkpoints").glob(".*.tmp-*"))
         reason = checkpoint.read_header(run / "checkpoints" / checkpoint.checkpoint_name(step))["reason"]
         assert reason in ("interrupt", "every")  # (the signal may land during a periodic save)
         report.append((sig.name, step, steps))
@@ -221,7 +221,7 @@ def test_a_checkpoint_copied_in_from_another_run_does_not_take_the_run_over(mnis
     shutil.copy(other / "checkpoints" / "step-000003.pt", run / "checkpoints" / "step-000999.pt")
     before = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
     proc = run_cli("train", "--resume", "--run-dir", str(run), "--max-steps", "1200")
-    assert_one_line_error(proc, "step-000999.pt: was not written by the run in", "model 'mlp' (the run's: "
+    assert_one_line_error(proc, "step-000999.pt: was written by another run than the one in", "model 'mlp' (the run's: "
                           "'softmax')", "move it out of checkpoints/")
     assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == before
     (run / "checkpoints" / "step-000999.pt").unlink()

@@ -45,7 +45,7 @@ from mnistflow.artifacts.rundir import CHECKPOINTS
 from mnistflow.core import limits
 from mnistflow.core.errors import MnistflowError, display
 from mnistflow.core.fsutil import NotReadable, atomic_write, atomic_write_text, fsync_dir, open_regular, \
-    read_regular
+    read_regular, sweep_stale
 from mnistflow.core.log import warn
 
 FORMAT_VERSION = 1
@@ -372,11 +372,7 @@ class CheckpointDir:
     def __post_init__(self):
         self.folder = Path(self.folder)
         self.folder.mkdir(parents=True, exist_ok=True)
-        for tmp in self.folder.glob(".*.tmp"):  # left by a process killed mid-write
-            try:
-                tmp.unlink()
-            except OSError:
-                pass
+        sweep_stale(self.folder, locked=True)  # left by a process of this run killed mid-write
         best = read_pointer(self.folder, BEST)
         if best is not None:
             try:

@@ -51,7 +51,11 @@ MAX_NPZ_BYTES = 4 << 30  # all arrays of one npz together, as their headers decl
 MAX_NPZ_FILE_BYTES = MAX_NPZ_BYTES + (64 << 20)  # the npz file: its arrays, headers, zip directory
 MAX_ONNX_VALUES = 1 << 30  # initializer elements of one ONNX model, all together
 MAX_RUN_FILE_BYTES = 4 << 20  # summary.json or config.toml read back (a few KiB as written)
-MAX_METRICS_BYTES = 64 << 20  # metrics.jsonl: ~250,000 logged steps
+# metrics.jsonl as a report reads it: streamed (~4 million logged steps), and of each kind of
+# record at most 2 x MAX_PLOT_POINTS kept, evenly spread (a plot is a thousand pixels wide)
+MAX_METRICS_BYTES = 1 << 30
+MAX_PLOT_POINTS = 2048
+MAX_COMPARE_RUNS = 32  # runs one report compares (--compare): each held, thinned, at once
 MAX_METRICS_LINE = 1 << 20  # bytes of one metrics.jsonl record; a longer line is not one of ours
 MAX_TOML_BYTES = 1 << 20  # a --config file (a few hundred bytes)
 

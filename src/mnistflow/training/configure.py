@@ -102,4 +102,30 @@ def _resumed(given, flags: dict) -> tuple[dict | None, Resume | None]:
         return (resumemod.restart_base(own, known, keep_threads=keep_threads) if own else None), None
     resume = Resume.load(path)
     flags["resume"] = str(path)
-    return resume.config_base(known, keep_threads=keep_threads), resume
+    base = resume.config_base(known, keep_threads=keep_threads)
+    return _with_own_config(resume, run_dir, base, quiet=bool(given("quiet") or given("json"))), resume
+
+
+def _with_own_config(resume: Resume, run_dir, base: dict, quiet: bool) -> dict:
+    """The base of a resume from one of the run's own checkpoints, with what its config.toml
+    changes (an edit since the checkpoint, or a resume with other flags killed before its
+    first checkpoint): honoured and said in a note, never silently written back; a change of
+    the model or data (RESUME_IDENTITY) is an error naming the key. A checkpoint of another
+    run is refused first (``check_same_run``)."""
+    from mnistflow.artifacts.rundir import RunDir
+
+    own, of = RunDir(run_dir).config, RunDir.of_checkpoint(resume.path)
+    if of is None or not own.is_file() or os.path.realpath(of.path) != os.path.realpath(run_dir):
+        return base
+    resumemod.check_same_run(resume, run_dir)
+    edits = resumemod.config_edits(resume, configmod.load_toml(own))
+    fixed = [k for k in resumemod.RESUME_IDENTITY if k in edits]
+    if fixed:
+        k = fixed[0]
+        raise MnistflowError(f"{k} = {edits[k][1]!r} here, but the checkpoint's run has {edits[k][0]!r}: a "
+                             "resume cannot change the model or data; put it back, or train a new run "
+                             "with --config", own)
+    if edits and not quiet and dist.env_info().is_primary:
+        note(f"{own}: resuming with its " + ", ".join(f"{k} = {new!r} (the checkpoint's: {old!r})"
+                                                       for k, (old, new) in edits.items()))
+    return {**base, **{k: new for k, (_, new) in edits.items()}}

@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,10 +31,10 @@ import torch
 
 from mnistflow.artifacts import checkpoint, rundir
 from mnistflow.artifacts.rundir import RunDir
-from mnistflow.core.errors import MnistflowError
+from mnistflow.core.errors import MnistflowError, display
 from mnistflow.data.records import Records
 from mnistflow.runtime import dist
-from mnistflow.training.config import TrainConfig, load_toml
+from mnistflow.training.config import TrainConfig, load_toml, run_id_in
 from mnistflow.training.engine import TrainState
 
 # Settings that change the model or the data (its content or order): a resume that changes
@@ -142,20 +143,58 @@ def remember_job_run(run_dir: Path, info: dist.DistInfo) -> None:
     _trainings += 1
 
 
+def _shown(v: object) -> str:
+    return repr(v) if isinstance(v, str) else str(v)
+
+
 def check_same_run(resume: "Resume", run_dir: Path) -> None:
-    """A checkpoint in ``run_dir``'s checkpoints/ was written by that run: its model, seed and
-    optimizer are those of the run's config.toml. One copied in from another run would take
-    the run over (its config.toml rewritten, its metrics cut back, another model trained into
-    it); refused, naming what differs."""
+    """A checkpoint in ``run_dir``'s checkpoints/ was written by that run: it carries the run id
+    of the run's config.toml (runs of an older mnistflow, without ids: the same model, data and
+    the rest of RESUME_IDENTITY). One copied (or linked) in from another run would take the run
+    over (its config.toml rewritten, its metrics cut back, another model trained into it);
+    refused, naming what differs."""
     config = RunDir(run_dir).config
     if not config.is_file():  # killed before its config was written: nothing to compare with
         return
     own, saved = load_toml(config), resume.config
-    diffs = [f"{k} {saved[k]!r} (the run's: {own[k]!r})" for k in ("model", "seed", "optimizer")
-             if k in own and k in saved and own[k] != saved[k]]
+    own_id, saved_id = run_id_in(config), resume.run_id
+    keys = ("data", "dataset", *RESUME_IDENTITY, *sorted(set(own) - {"data", "dataset", *RESUME_IDENTITY}))
+    diffs = [f"{k} {_shown(saved.get(k))} (the run's: {_shown(own.get(k))})" for k in keys
+             if k not in ("threads", "run_dir") and (k in own or k in saved) and own.get(k) != saved.get(k)]
+    if own_id and saved_id:
+        if own_id == saved_id:
+            return  # the run's own (its config.toml edited since: training.configure says how)
+        diffs = diffs or [f"run id {saved_id} (the run's: {own_id}), with the same settings"]
+    else:  # no ids to tell: what makes the run (an edit of another setting is no other run)
+        diffs = [d for d in diffs if d.split(" ", 1)[0] in ("data", "dataset", *RESUME_IDENTITY)]
     if diffs:
-        raise MnistflowError(f"was not written by the run in {run_dir}: it has {', '.join(diffs)}; move it "
-                             "out of checkpoints/, or resume it into another --run-dir", resume.path)
+        what = ("was written by another run than the one in" if own_id and saved_id else
+                "does not match the config.toml of the run in")  # (without ids: or an edit of it)
+        raise MnistflowError(f"{what} {display(run_dir)}: it has {', '.join(diffs[:4])}"
+                             f"{', ...' if len(diffs) > 4 else ''}; move it out of checkpoints/, or "
+                             "resume it into another --run-dir", resume.path)
+
+
+def config_edits(resume: "Resume", own: dict) -> dict:
+    """{key: (the checkpoint's value, config.toml's)} for each setting of the run's config.toml
+    that differs from the checkpoint's (an edit since the checkpoint, or a resume with other
+    flags killed before its first checkpoint). The thread count is the checkpoint's business."""
+    saved = resume.config
+    return {k: (saved.get(k), v) for k, v in own.items()
+            if k not in ("threads", "run_dir", "resume") and saved.get(k) != v}
+
+
+def run_id_for(run_dir: Path, resume: "Resume | None") -> str:
+    """The id of the run trained in ``run_dir``: its config.toml's (a resume or a restart), else
+    the id of the checkpoint it continues when that is one of its own, else a new one (a new
+    run, or a run started from another run's checkpoint)."""
+    own = run_id_in(RunDir(run_dir).config) if RunDir(run_dir).config.is_file() else None
+    if own:
+        return own
+    of = RunDir.of_checkpoint(resume.path) if resume is not None else None
+    if of is not None and resume.run_id and os.path.realpath(of.path) == os.path.realpath(run_dir):
+        return resume.run_id
+    return uuid.uuid4().hex[:16]
 
 
 def restart_config(run_dir: str | os.PathLike) -> Path | None:
@@ -210,6 +249,12 @@ class Resume:
         elif self.threads and self.world_size == dist.env_info().world_size:
             base["threads"] = self.threads  # (another world size: other bits anyway)
         return base
+
+    @property
+    def run_id(self) -> str | None:
+        """The id of the run that saved it (None: saved by an older mnistflow)."""
+        value = self.payload["train_state"].get("run_id")
+        return value if isinstance(value, str) else None
 
     @property
     def step(self) -> int:

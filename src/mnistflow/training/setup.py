@@ -38,6 +38,7 @@ from mnistflow.models.ensemble import nets
 from mnistflow.models.registry import check_trainable
 from mnistflow.runtime import dist
 from mnistflow.runtime.compat import set_recompile_logs
+from mnistflow.runtime.compile_room import check_compile_room, compile_failure
 from mnistflow.runtime.cpu import (
     busy_cores_elsewhere,
     default_threads,
@@ -95,6 +96,7 @@ class Run:
     dir: RunDir
     info: dist.DistInfo
     resume: resumemod.Resume | None = None
+    run_id: str = ""  # config.toml's and every checkpoint's: a checkpoint of another run is refused
     loss_fn: Callable | None = None  # a user's loss (logits, targets) -> scalar; None: cross-entropy
     # the loop's parts, wired by ``start``
     steps_per_epoch: int = 0  # the same on every rank, and for any world size
@@ -178,6 +180,9 @@ def check_input(model: torch.nn.Module, in_shape: tuple[int, int, int], num_clas
         got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
         raise MnistflowError(f"model output for input of shape {shape} is {got}; expected "
                              f"(N, {num_classes}): one score per class")
+    if not out.is_floating_point():  # (integer scores have no gradient: a raw autograd error later)
+        raise MnistflowError(f"model output for input of shape {shape} is a {out.dtype} tensor; expected "
+                             "floating-point scores (logits)")
 
 
 def _resolve_augment(cfg: TrainConfig, rec: Records, info: dist.DistInfo,
@@ -248,21 +253,23 @@ def build_run(cfg: TrainConfig, run_dir: Path, device: torch.device, info: dist.
 
         model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
     if cfg.compile:
+        check_compile_room()  # a full cache or temporary directory: one line now, not a traceback later
         set_recompile_logs()  # a recompilation is reported with its reason
         model = torch.compile(model)
     train_loader, val_loader, test_loader = _loaders(cfg, rec, device, info)
     if resume is not None:
         resume.check(cfg, rec)
+    run_id = resumemod.run_id_for(run_dir, resume)
     if info.is_primary:
         run_dir.mkdir(parents=True, exist_ok=True)
-        configmod.save_toml(cfg, RunDir(run_dir).config)
+        configmod.save_toml(cfg, RunDir(run_dir).config, run_id)
     steps_per_epoch = len(train_loader)
     total = max(1, math.ceil(cfg.epochs * steps_per_epoch))
     total = min(total, cfg.max_steps) if cfg.max_steps else total
     return Run(cfg=cfg, rec=rec, device=device, precision=precision, amp=Amp.create(precision, device),
                model=model, raw_model=raw_model, optimizer=optimizer, train_loader=train_loader,
                val_loader=val_loader, test_loader=test_loader, dir=RunDir(run_dir), info=info,
-               resume=resume, steps_per_epoch=steps_per_epoch,
+               resume=resume, run_id=run_id, steps_per_epoch=steps_per_epoch,
                total=total, state=TrainState(total_steps=total))
 
 
@@ -359,8 +366,9 @@ def start(cfg: TrainConfig, device: torch.device, info: dist.DistInfo, held: con
     run.observers = obs = rank_zero_observers(run, run.console, resume_step)
     held.callback(obs.close)  # on a failure too, before the lock's release reads what they wrote
     run.guard = FinalizeGuard(run.raw_model)
-    # the printing observers, the user's callbacks, then the writers (which so record what they return)
-    run.hooks = Hooks([*obs.first, run.guard, *callbacks, *obs.writers])
+    # the printing observers, the user's callbacks, then the guard (a model a callback changed is
+    # named at once) and the writers (which so record what they return)
+    run.hooks = Hooks([*obs.first, *callbacks, run.guard, *obs.writers])
     for cb in callbacks:  # a callback's close(): when the run ends, however it ends (a file, a tracker's run)
         if callable(getattr(cb, "close", None)):
             held.callback(cb.close)
@@ -441,7 +449,7 @@ def payload(run: Run, rank_rng: list | None = None) -> dict:
     state = run.state
     ts = {"step": state.step, "epoch": state.epoch, "step_in_epoch": state.step_in_epoch,
           "samples": state.samples, "stop_reason": state.stop_reason, "metrics": dict(state.metrics),
-          "world_size": run.info.world_size, "threads": torch.get_num_threads()}
+          "world_size": run.info.world_size, "threads": torch.get_num_threads(), "run_id": run.run_id}
     out = checkpoint.capture(
         run.raw_model, run.optimizer, run.amp.scaler, ts,
         configmod.to_dict(dataclasses.replace(run.cfg, resume=None)),
@@ -502,8 +510,14 @@ def warm_up(run: Run) -> None:
     setup, not charged to training."""
     xb = next(iter(run.train_loader))[0]  # the real batch shape: under --compile, no recompile later
     state = {k: v.clone() for k, v in run.raw_model.state_dict().items()}
-    with run.amp.autocast():
-        run.model(xb).float().sum().backward()
+    try:
+        with run.amp.autocast():
+            run.model(xb).float().sum().backward()  # under --compile: the compile
+    except Exception as e:
+        failure = compile_failure(e) if run.cfg.compile else None  # the disk filled meanwhile
+        if failure is None:
+            raise
+        raise failure from None
     run.raw_model.load_state_dict(state)  # BN statistics back to their initial values
     run.optimizer.zero_grad(set_to_none=True)
     run.train_loader.stats.reset()
