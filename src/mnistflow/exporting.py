@@ -195,16 +195,8 @@ def _check_free_folder(path: Path, force: bool, named: bool) -> None:
         raise MnistflowError("already exists; --force replaces it", path)
 
 
-def export(model_path: str | Path, format: str, out: str | Path | None = None,
-           only: str | Iterable[str] | None = None, quantize: str | None = None, *,
-           model_name: str | None = None, data: str | Path | None = None,
-           verify_images: int | None = None, force: bool = False) -> dict:
-    """Python twin of ``mnistflow export``; returns what was written and measured.
-
-    ``out`` (``--out``): the file to write (web: the folder); one that exists (or, with
-    ``quantize``, an int8 model beside it that exists) is refused unless ``force``. Without
-    ``out`` the export goes next to the model (``default_out``), replacing an earlier export
-    there: it is derived from the run and made again from it."""
+def _check_request(model_path, format, out, only, quantize) -> tuple[str, list[str]]:
+    """The export's arguments checked at the API's edge: (the format, the ``--only`` patterns)."""
     fmt = format.lower() if isinstance(format, str) else format
     if fmt not in EXPORT_FORMATS:
         raise MnistflowError(f"unknown export format '{format}' (known: {', '.join(EXPORT_FORMATS)})")
@@ -216,11 +208,25 @@ def export(model_path: str | Path, format: str, out: str | Path | None = None,
     if patterns and fmt in ("onnx", "pt2", "web"):
         raise MnistflowError(f"--only selects parameters for npz/safetensors; "
                              f"{ {'onnx': 'ONNX', 'pt2': 'pt2', 'web': 'a web page'}[fmt]} needs the whole model")
-    set_threads(None)  # $MNISTFLOW_THREADS or the usable cores, as eval and train (a bad value: one line)
     for what, value in (("model_path", model_path), ("out", out)):
         if value is not None and not isinstance(value, (str, os.PathLike)):
             raise MnistflowError(f"{what} is a path (str or os.PathLike), not {type(value).__name__} "
                                  f"{_short(repr(value))}")
+    return fmt, patterns
+
+
+def export(model_path: str | Path, format: str, out: str | Path | None = None,
+           only: str | Iterable[str] | None = None, quantize: str | None = None, *,
+           model_name: str | None = None, data: str | Path | None = None,
+           verify_images: int | None = None, force: bool = False) -> dict:
+    """Python twin of ``mnistflow export``; returns what was written and measured.
+
+    ``out`` (``--out``): the file to write (web: the folder); one that exists (or, with
+    ``quantize``, an int8 model beside it that exists) is refused unless ``force``. Without
+    ``out`` the export goes next to the model (``default_out``), replacing an earlier export
+    there: it is derived from the run and made again from it."""
+    fmt, patterns = _check_request(model_path, format, out, only, quantize)
+    set_threads(None)  # $MNISTFLOW_THREADS or the usable cores, as eval and train (a bad value: one line)
     src = Path(model_path)
     named = out is not None
     if named:
