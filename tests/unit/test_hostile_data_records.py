@@ -205,10 +205,10 @@ def test_two_preps_of_different_datasets_into_one_out_at_once_lose_nothing(tmp_p
     first = dataclasses.replace(raw_dataset(300, 100), name="first")
     real_sweep = writer.sweep_stale
 
-    def the_other_prep_finishes_meanwhile(path):  # after the first check, before the swap
+    def the_other_prep_finishes_meanwhile(*args):  # after the first check, before the swap
         monkeypatch.setattr(writer, "sweep_stale", real_sweep)
         write_records(first, out, key="a", options={}, source_checksums={}, val_size=50)
-        real_sweep(path)
+        real_sweep(*args)
 
     monkeypatch.setattr(writer, "sweep_stale", the_other_prep_finishes_meanwhile)
     with pytest.raises(MnistflowError, match="holds the records of another dataset \\('first', not 'synthetic'\\)"):
