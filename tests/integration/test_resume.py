@@ -57,7 +57,7 @@ def _run_of(proc):
     return Path(proc.args[proc.args.index("--run-dir") + 1])
 
 
-def _wait(cond, proc: subprocess.Popen, timeout: float = 60.0) -> None:
+def _wait(cond, proc: subprocess.Popen, timeout: float = 180.0) -> None:  # a busy 2-core machine is slow
     t0 = time.monotonic()
     while not cond():
         assert proc.poll() is None, f"training ended before the kill point ({_logged_step(_run_of(proc))})"
