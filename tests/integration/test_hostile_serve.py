@@ -471,7 +471,7 @@ def test_the_cli_serve_command_runs_the_guarded_server(monkeypatch):
             seen["app"] = seen["config"].app
 
     monkeypatch.setattr(uvicorn, "Server", FakeServer)
-    monkeypatch.setattr(appmod, "load_predictor", lambda model, threads: predictor())
+    monkeypatch.setattr(appmod, "load_predictor", lambda model, threads, work_timeout=None: predictor())
     appmod.serve("unused", port=0, max_pixels=123_456)
     cfg = seen["config"]
     assert cfg.http == "mnistflow.server.connection:GuardedHTTPProtocol" and cfg.ws == "none"

@@ -325,5 +325,6 @@ def end_of_run_table(s: dict, target: float | None) -> str:
                                                      if s.get("tta") and s["test_acc"] is not None else "")),
              ("run directory", s["run_dir"])]
     w = max(len(k) for k, _ in rows)
-    line = "-" * (w + 3 + max(len(v) for _, v in rows))
+    # (at most 80 wide: a long run directory wraps under its name on a terminal, a rule cannot)
+    line = "-" * min(80, w + 3 + max(len(v) for _, v in rows))
     return "\n".join([line] + [f"{k:<{w}}   {v}" for k, v in rows] + [line])

@@ -163,6 +163,8 @@ def check_room(out: Path, raw: RawDataset, variants: int) -> None:
     need = sum(part.x.nbytes + part.y.nbytes for part in (raw.train, raw.val, raw.test) if part is not None)
     need += variants * raw.train.x.nbytes
     where = next((p for p in (out, *out.parents) if p.exists()), Path.cwd())
+    if not where.is_dir():
+        raise MnistflowError("not a directory (the records go in a folder)", where)
     usage = shutil.disk_usage(where)
     if usage.total == 0 or not os.access(where, os.W_OK | os.X_OK):  # /proc, a read-only mount...
         why = ("is on a file system that holds no files (like /proc)" if usage.total == 0 else
