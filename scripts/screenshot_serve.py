@@ -4,9 +4,11 @@ README's picture (docs/serve.png) is made by it.
     python scripts/screenshot_serve.py runs/fast docs/serve.png --digit 3
 
 Starts ``mnistflow serve RUN --port 0`` (the page and the model are the real ones), strokes the
-digit with the mouse as a person would, waits for the page's prediction, prints it, and saves the
-page as a small palette PNG. Needs Debian's ``chromium`` and the ``playwright`` package (the dev
-extra), as the browser test does; ``playwright install`` (a browser download) is not used.
+digit with the mouse as a person would, waits for the page's prediction and its layers view,
+prints the prediction, and saves the browser window (the drawing, the prediction and the first
+layers' feature maps; 1280x800 by default) as a small palette PNG. Needs Debian's ``chromium``
+and the ``playwright`` package (the dev extra), as the browser tests do; ``playwright install``
+(a browser download) is not used.
 """
 from __future__ import annotations
 
@@ -54,8 +56,8 @@ def draw(page, strokes: list[list[tuple[float, float]]]) -> None:
         page.mouse.up()
 
 
-def screenshot(run: Path, out: Path, digit: str, width: int = 980, colors: int = 64) -> str:
-    """Serve ``run``, draw ``digit``, save the page to ``out``; the label the page shows."""
+def screenshot(run: Path, out: Path, digit: str, width: int = 1280, height: int = 800, colors: int = 64) -> str:
+    """Serve ``run``, draw ``digit``, save the window to ``out``; the label the page shows."""
     from PIL import Image
     from playwright.sync_api import sync_playwright
 
@@ -71,14 +73,16 @@ def screenshot(run: Path, out: Path, digit: str, width: int = 980, colors: int =
         url = line.split(" at ")[1].split()[0]
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS, headless=True)
-            page = browser.new_page(viewport={"width": width, "height": 600})
+            page = browser.new_page(viewport={"width": width, "height": height})
             page.goto(url)
-            page.wait_for_function("() => document.getElementById('m-acc').textContent.endsWith('%')")
+            page.wait_for_function("() => document.getElementById('m-acc').textContent.endsWith('%')"
+                                   " && document.querySelector('#layers .layer')")
             draw(page, STROKES[digit])
             page.wait_for_function("() => { const p = document.getElementById('prediction');"
-                                   " return p.dataset.state === 'idle' && p.dataset.label !== ''; }")
+                                   " return p.dataset.state === 'idle' && p.dataset.label !== ''"
+                                   " && +document.getElementById('layers').dataset.painted > 0; }")
             label = page.locator("#prediction").inner_text()
-            png = page.screenshot(full_page=True)
+            png = page.screenshot()
             browser.close()
     finally:
         proc.terminate()
@@ -94,9 +98,10 @@ def main() -> None:
     ap.add_argument("run", type=Path, help="a run directory or model file mnistflow serve takes")
     ap.add_argument("out", type=Path, help="the PNG to write")
     ap.add_argument("--digit", choices=sorted(STROKES), default="3")
-    ap.add_argument("--width", type=int, default=980, help="the browser window's width in pixels")
+    ap.add_argument("--width", type=int, default=1280, help="the browser window's width in pixels")
+    ap.add_argument("--height", type=int, default=800, help="the browser window's height in pixels")
     args = ap.parse_args()
-    label = screenshot(args.run, args.out, args.digit, args.width)
+    label = screenshot(args.run, args.out, args.digit, args.width, args.height)
     print(f"drew {args.digit}, the page says {label}; {args.out} ({args.out.stat().st_size:,} bytes)")
 
 

@@ -180,6 +180,9 @@ def _train_flags(p: argparse.ArgumentParser, argv: list[str], verb_defaults: dic
     run.add_argument("--config", type=Path, help="a TOML file of settings (e.g. a run's config.toml)")
     run.add_argument("--nproc", type=_int_in(1, limits.MAX_LOCAL_PROCESSES), metavar="N",
                      help="data parallel on this machine: re-run this command under torchrun with N processes")
+    run.add_argument("--max-restarts", type=_int_in(0, limits.MAX_RESTARTS), metavar="K",
+                     help="with --nproc: when a process dies, restart them all, up to K times; each restart "
+                          "resumes from the newest checkpoint (default: 0)")
     for f in fields(TrainConfig):
         g, meta = groups[f.metadata["group"]], f.metadata
         helptext = meta["help"] + (f" (default: {shown[f.name]})" if shown[f.name] is not None else "")
@@ -210,14 +213,17 @@ def _add_profile(sub, argv: list[str], flags: bool = True) -> None:
     p.set_defaults(func=_run_train, profile=True)
 
 
-def _without_nproc(argv: list[str]) -> list[str]:
+LAUNCHER_FLAGS = ("--nproc", "--max-restarts")  # the launcher's own: not passed to the processes
+
+
+def _without_launcher_flags(argv: list[str]) -> list[str]:
     out, skip = [], False
-    for i, arg in enumerate(argv):
+    for arg in argv:
         if skip:
             skip = False
-        elif arg == "--nproc":
+        elif arg in LAUNCHER_FLAGS:
             skip = True
-        elif not arg.startswith("--nproc="):
+        elif not arg.startswith(tuple(f"{f}=" for f in LAUNCHER_FLAGS)):
             out.append(arg)
     return out
 
@@ -246,14 +252,13 @@ def _run_train(a) -> int:
     if a.profile:
         given = _profile_settings(given)
     if a.nproc is not None:
-        from mnistflow.runtime.dist import env_info, launch_local
-        from mnistflow.training.configure import configure
-        from mnistflow.training.setup import check_run_inputs
+        return _launch(a, given)
+    if a.max_restarts is not None:
+        raise MnistflowError("--max-restarts restarts the processes of --nproc N; under your own torchrun, "
+                             "give it to torchrun (torchrun --max-restarts K ...)")
+    from mnistflow.runtime.dist import die_with_parent
 
-        if env_info().enabled:
-            raise MnistflowError("--nproc is for a plain command; under torchrun leave it out")
-        check_run_inputs(configure(a.config, **given)[0])  # a bad setting: one line here, not one per process
-        return launch_local(a.nproc, _without_nproc(sys.argv[1:]))
+    die_with_parent()  # under torchrun: never left training alone when the agent dies
     try:
         train(config=a.config, **given)
     except TrainingInterrupted as e:  # a checkpoint was saved: 130 (SIGINT) / 143 (SIGTERM)
@@ -263,6 +268,21 @@ def _run_train(a) -> int:
         sys.stderr.write(f"{PROG}: {e}\n")
         return e.exit_code
     return 0
+
+
+def _launch(a, given: dict) -> int:
+    """``train --nproc N``: everything each process would refuse is checked here first (one line,
+    exit 2, not one per process and a torn-down job), then the processes start."""
+    from mnistflow.runtime.dist import env_info, launch_local
+    from mnistflow.training.configure import configure
+    from mnistflow.training.setup import check_launch, check_run_inputs
+
+    if env_info().enabled:
+        raise MnistflowError("--nproc is for a plain command; under torchrun leave it out")
+    cfg, resume = configure(a.config, **given)
+    check_run_inputs(cfg)
+    check_launch(cfg, a.nproc, resume)
+    return launch_local(a.nproc, _without_launcher_flags(sys.argv[1:]), a.max_restarts or 0)
 
 
 def _add_models(sub) -> None:
@@ -366,8 +386,10 @@ def _add_serve(sub) -> None:
     p.add_argument("--host", default="127.0.0.1",
                    help="address to listen on (default 127.0.0.1: this machine only; others get a warning)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 picks a free one)")
-    p.add_argument("--workers", type=_int_in(1, 1024), default=1, help="server processes, each with its own model")
-    p.add_argument("--threads", type=_int_in(1, 1024), default=1, help="intra-op threads per request (default 1)")
+    p.add_argument("--workers", type=_int_in(1, 1024), default=1,
+                   help="server processes, each loading the model checked at start (a private copy)")
+    p.add_argument("--threads", type=_int_in(1, 1024), default=None,
+                   help="intra-op threads per request (default $MNISTFLOW_THREADS, else 1)")
     p.add_argument("--access-log", action="store_true", help="log every request")
     p.add_argument("--max-pixels", type=_int_in(1, limits.MAX_INT), default=None, metavar="N",
                    help="largest image a request may send, in pixels, checked from its header before decoding "
@@ -401,10 +423,11 @@ def _run_doctor(a) -> int:
 
 def _add_export(sub) -> None:
     p = sub.add_parser("export", help="a trained model as ONNX or a torch.export program (pt2), both "
-                                      "verified; npz or safetensors")
+                                      "verified; npz or safetensors; a web page that runs it in the browser")
     p.add_argument("model", type=Path, help="a run directory, a checkpoint or a model file")
     p.add_argument("--format", required=True, choices=choices.EXPORT_FORMATS)
-    p.add_argument("--out", help="file to write (default: next to the model)")  # str: keeps a trailing /
+    p.add_argument("--out", help="file to write, or folder for --format web "
+                                 "(default: next to the model)")  # str: keeps a trailing /
     p.add_argument("--force", action="store_true", help="replace the --out file (and its .int8.onnx) if it exists")
     p.add_argument("--only", action="append", metavar="GLOB",
                    help="npz/safetensors: only names matching GLOB, e.g. 'conv*' (repeatable)")
@@ -490,9 +513,29 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+def _stdout_unusable() -> str | None:
+    """Why nothing written to standard output would arrive (closed: ``>&-``; open for reading
+    only), else None: a verb would print its result into nothing and exit 0."""
+    if sys.stdout is None:  # Python's stand-in for a closed file descriptor 1
+        return "standard output is closed"
+    try:
+        import fcntl
+
+        flags = fcntl.fcntl(sys.stdout.fileno(), fcntl.F_GETFL)
+    except (ImportError, OSError, ValueError, AttributeError):  # no fcntl (Windows), no descriptor
+        return None
+    return "standard output is open for reading only" if flags & os.O_ACCMODE == os.O_RDONLY else None
+
+
 def main(argv: list[str] | None = None) -> int:
     from mnistflow.core import openmp
 
+    unusable = _stdout_unusable()
+    if unusable:  # (and a file opened later could take descriptor 1 and receive the output)
+        if sys.stderr is not None:
+            sys.stderr.write(f"{PROG}: error: {unusable}: the output would be lost; "
+                             "redirect it to a file or to /dev/null instead\n")
+        return 2
     openmp.choose_at_start()  # before anything imports torch: libgomp reads the policy once
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser(argv).parse_args(argv)
@@ -508,7 +551,7 @@ def main(argv: list[str] | None = None) -> int:
         # under torchrun every rank raises it: print it once per machine; a lost peer is each rank's own
         if os.environ.get("LOCAL_RANK", "0") == "0" or getattr(e, "per_rank", False):
             sys.stderr.write(f"{PROG}: error: {one_line(e)}\n")
-        return 2
+        return getattr(e, "exit_code", 2)  # 2, or 128 + signal for a process killed under --nproc
     except KeyboardInterrupt:
         sys.stderr.write(f"{PROG}: interrupted\n")
         return 130

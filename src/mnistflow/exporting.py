@@ -1,17 +1,19 @@
 """``mnistflow export``: a trained model as ONNX or a torch.export program (deployment), npz
-(name -> array) or safetensors.
+(name -> array), safetensors, or a static web page that runs it in the browser.
 
     mnistflow export runs/fast-1 --format onnx                  # verified against PyTorch
     mnistflow export runs/fast-1 --format onnx --quantize int8  # plus an int8 model, compared
     mnistflow export runs/fast-1 --format pt2                   # torch.export, verified likewise
     mnistflow export runs/fast-1 --format npz --only 'conv*'    # a subset of the parameters
     mnistflow export runs/fast-1/checkpoints/step-000400.pt --format safetensors --out w.safetensors
+    mnistflow export runs/fast-1 --format web --out digits-web/  # a folder: python -m http.server -d digits-web
     mnistflow train --model seed-cnn --init-from runs/a/model.npz --init-only 'conv*'  # restore by name
 
 This module picks the format, verifies, and writes; the formats themselves live in
-``artifacts`` (``onnx``, ``pt2``, ``npz``, ``model_file``). The ONNX model (in onnxruntime) and
-the pt2 program (loaded back from the bytes to be written) are verified against PyTorch on the
-real test images of the model's records before they are written. onnx, onnxscript and
+``artifacts`` (``onnx``, ``pt2``, ``npz``, ``model_file``, ``web``). The ONNX model (in
+onnxruntime), the pt2 program (loaded back from the bytes to be written) and the web page's
+graph (run in PyTorch, node by node) are verified against PyTorch on the real test images of
+the model's records before they are written. onnx, onnxscript and
 onnxruntime are optional (``pip install 'mnistflow[onnx]'``); pt2 needs PyTorch alone.
 """
 from __future__ import annotations
@@ -35,11 +37,13 @@ from mnistflow.artifacts.pt2 import ExportedModel, program_from_bytes, to_pt2
 from mnistflow.artifacts.rundir import CHECKPOINTS, RunDir
 from mnistflow.core.choices import EXPORT_FORMATS
 from mnistflow.core.errors import MnistflowError, display, import_optional
-from mnistflow.core.fsutil import atomic_write_bytes
+from mnistflow.core.fsutil import atomic_write_bytes, replace_together, sweep_stale
 from mnistflow.core.progress import stages
 from mnistflow.runtime.cpu import set_threads
 
-EXT = {"onnx": ".onnx", "pt2": ".pt2", "npz": ".npz", "safetensors": ".safetensors"}  # by EXPORT_FORMATS
+EXT = {"onnx": ".onnx", "pt2": ".pt2", "npz": ".npz", "safetensors": ".safetensors",
+       "web": "-web"}  # by EXPORT_FORMATS; web: a folder (RUN/model-web)
+WEB_CHECK_IMAGES = 256  # test images the web graph is checked on (one forward each)
 
 
 def _records(info: ModelInfo, data):
@@ -127,6 +131,10 @@ def int8_path(out: Path) -> Path:
     return out.with_name(out.name.removesuffix(".onnx") + ".int8.onnx")
 
 
+def _short(text: str, limit: int = 60) -> str:
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
 def _real(p: Path) -> str:
     """``p`` with its symlinks resolved as far as they go (a symlink loop stays as it is,
     where ``Path.resolve`` raises ``RuntimeError`` before Python 3.13)."""
@@ -160,17 +168,36 @@ def _check_free(path: Path, force: bool, what: str = "") -> None:
             raise MnistflowError(f"already exists{what}; --force replaces it", path)
 
 
-def export(model_path: str | Path, format: str, out: str | Path | None = None,
-           only: str | Iterable[str] | None = None, quantize: str | None = None, *,
-           model_name: str | None = None, data: str | Path | None = None,
-           verify_images: int | None = None, force: bool = False) -> dict:
-    """Python twin of ``mnistflow export``; returns what was written and measured.
+def _check_out_folder(raw: str, fmt: str = "web") -> None:
+    """``--out`` as typed for a web page: a folder's name, not another format's file name."""
+    if not raw.strip():
+        raise MnistflowError("--out is empty: name the folder to write (e.g. model-web)")
+    suffix = Path(raw.rstrip("/" + os.sep) or raw).suffix.lower()
+    other = next((f for f, ext in EXT.items() if ext == suffix), None)
+    if other:
+        raise MnistflowError(f"the name of {'a' if other in ('pt2', 'safetensors') else 'an'} {other} file; "
+                             f"--format web writes a folder: name it e.g. model-web (or pass --format {other})", raw)
 
-    ``out`` (``--out``): the file to write; one that exists (or, with ``quantize``, an int8
-    model beside it that exists) is refused unless ``force``. Without ``out`` the export goes
-    next to the model (``default_out``), replacing an earlier export there: it is derived
-    from the run and made again from it."""
-    fmt = format.lower()
+
+def _check_free_folder(path: Path, force: bool, named: bool) -> None:
+    """A web page's folder is written where nothing is, or an empty folder is; an earlier web
+    export there is replaced with ``force``, or when it is the default place (made again from
+    the run); anything else is never replaced."""
+    from mnistflow.artifacts.web.folder import is_web_export
+
+    if not os.path.lexists(path):
+        return
+    if not path.is_dir():
+        raise MnistflowError("is a file, not a folder; --format web writes a folder", path)
+    if not is_web_export(path):
+        raise MnistflowError("is a folder with other files than a web export's; not replaced", path)
+    if named and not force and any(path.iterdir()):
+        raise MnistflowError("already exists; --force replaces it", path)
+
+
+def _check_request(model_path, format, out, only, quantize) -> tuple[str, list[str]]:
+    """The export's arguments checked at the API's edge: (the format, the ``--only`` patterns)."""
+    fmt = format.lower() if isinstance(format, str) else format
     if fmt not in EXPORT_FORMATS:
         raise MnistflowError(f"unknown export format '{format}' (known: {', '.join(EXPORT_FORMATS)})")
     if quantize not in (None, "int8"):
@@ -178,15 +205,38 @@ def export(model_path: str | Path, format: str, out: str | Path | None = None,
     if quantize and fmt != "onnx":
         raise MnistflowError("--quantize int8 applies to --format onnx")
     patterns = globs(only)
-    if patterns and fmt in ("onnx", "pt2"):
-        raise MnistflowError(f"--only selects parameters for npz/safetensors; {'ONNX' if fmt == 'onnx' else 'pt2'} "
-                             "needs the whole model")
+    if patterns and fmt in ("onnx", "pt2", "web"):
+        raise MnistflowError(f"--only selects parameters for npz/safetensors; "
+                             f"{ {'onnx': 'ONNX', 'pt2': 'pt2', 'web': 'a web page'}[fmt]} needs the whole model")
+    for what, value in (("model_path", model_path), ("out", out)):
+        if value is not None and not isinstance(value, (str, os.PathLike)):
+            raise MnistflowError(f"{what} is a path (str or os.PathLike), not {type(value).__name__} "
+                                 f"{_short(repr(value))}")
+    return fmt, patterns
+
+
+def export(model_path: str | Path, format: str, out: str | Path | None = None,
+           only: str | Iterable[str] | None = None, quantize: str | None = None, *,
+           model_name: str | None = None, data: str | Path | None = None,
+           verify_images: int | None = None, force: bool = False) -> dict:
+    """Python twin of ``mnistflow export``; returns what was written and measured.
+
+    ``out`` (``--out``): the file to write (web: the folder); one that exists (or, with
+    ``quantize``, an int8 model beside it that exists) is refused unless ``force``. Without
+    ``out`` the export goes next to the model (``default_out``), replacing an earlier export
+    there: it is derived from the run and made again from it."""
+    fmt, patterns = _check_request(model_path, format, out, only, quantize)
     set_threads(None)  # $MNISTFLOW_THREADS or the usable cores, as eval and train (a bad value: one line)
     src = Path(model_path)
     named = out is not None
     if named:
-        _check_out_name(os.fspath(out), fmt)
+        (_check_out_folder if fmt == "web" else _check_out_name)(os.fspath(out), fmt)
     source_file = _real(RunDir(src).model if src.is_dir() else src)
+    training = RunDir(src).training_pid() if src.is_dir() and not named else None
+    if training:  # RUN/model.onnx of a step in the middle, beside the final model.safetensors: refused
+        raise MnistflowError(f"a training is writing this run now (pid {training}): its export would be of a "
+                             "mid-run checkpoint, left in the run beside its final model as if made from it; "
+                             "export when the run ends, or name the file with --out", src)
     if out is None:
         out = default_out(src, fmt)
         if _real(out) == source_file:  # e.g. safetensors of a run: RUN/model.weights.safetensors
@@ -196,12 +246,15 @@ def export(model_path: str | Path, format: str, out: str | Path | None = None,
         raise MnistflowError("would overwrite the source model; pass another --out FILE", out)
 
     def free() -> None:  # before the model loads, and again before writing (verifying takes time)
-        if named:  # the defaults are re-made from the run: replaced
+        if fmt == "web":
+            _check_free_folder(out, force, named)
+        elif named:  # the defaults are re-made from the run: replaced
             _check_free(out, force)
             if quantize:
                 _check_free(int8_path(out), force, f" (the int8 model written beside {out})")
 
     free()
+    sweep_stale(out.parent, out.name)  # what a killed export (or another writer) left there
     model, info = load_any(src, model_name, "cpu", data=data)
     if isinstance(model, (OnnxBackend, ExportedModel)):
         raise MnistflowError(f"already an {'ONNX model' if isinstance(model, OnnxBackend) else 'exported program'}; "
@@ -226,9 +279,11 @@ def export(model_path: str | Path, format: str, out: str | Path | None = None,
         res.update(names=len(chosen), values=int(sum(v.numel() for v in chosen.values())))
     elif fmt == "pt2":
         res.update(_export_pt2(model, info, out, data, verify_images, free))
+    elif fmt == "web":
+        res.update(_export_web(model, info, out, data, verify_images, free))
     else:
         res.update(_export_onnx(model, info, out, quantize, data, verify_images, free))
-    res["bytes"] = out.stat().st_size
+    res.setdefault("bytes", out.stat().st_size)
     return res
 
 
@@ -273,6 +328,30 @@ def _export_pt2(model, info: ModelInfo, out: Path, data, verify_images, free) ->
     return {"export_s": round(export_s, 2), **checked}
 
 
+def _export_web(model, info: ModelInfo, out: Path, data, verify_images, free) -> dict:
+    """Trace the model into the page's graph (``artifacts.web``: an operation the page cannot run
+    is one error line), check the graph against PyTorch on the real test images (the first
+    ``WEB_CHECK_IMAGES``: one forward each), then ``free()`` and write the folder."""
+    from mnistflow.artifacts.web.folder import page_files, write_folder
+    from mnistflow.artifacts.web.run import check
+    from mnistflow.artifacts.web.trace import trace
+    from mnistflow.data.normalize import normalize
+
+    with stages(["trace", "verify"], "export") as stage:
+        stage("trace")  # shapes only: any image of the model's size, before the records are needed
+        c, h, w = info.in_shape
+        graph = trace(model.eval(), normalize(np.zeros((1, h, w, c), np.uint8), info.mean, info.std))
+        stage("verify")
+        x_u8, _, split = _test_images(info, data)
+        x_u8 = x_u8[:verify_images or WEB_CHECK_IMAGES]
+        checked = check(graph, model, info, x_u8)
+    files = page_files(graph, model, info)
+    free()
+    write_folder(out, files)
+    return {"verified_on": f"{len(x_u8):,} images ({split})", **checked,
+            "files": {name: len(b) for name, b in files.items()}, "bytes": sum(map(len, files.values()))}
+
+
 def _export_onnx(model, info: ModelInfo, out: Path, quantize, data, verify_images, free) -> dict:
     names = ["convert to ONNX", "verify", *(["int8"] if quantize == "int8" else [])]
     with stages(names, "export") as stage:  # a bar on a terminal: these take seconds each
@@ -299,14 +378,7 @@ def _export_onnx_stages(stage, model, info: ModelInfo, out: Path, quantize, data
         qout = int8_path(out)
         qlogits = OnnxBackend(session(qblob), info).run(x)
         free()
-        new = not os.path.lexists(out)
-        atomic_write_bytes(out, blob)
-        try:
-            atomic_write_bytes(qout, qblob)
-        except BaseException:
-            if new:  # not one model of the pair without the other
-                out.unlink(missing_ok=True)
-            raise
+        replace_together({out: blob, qout: qblob})  # never one model of the pair without the other
         res["int8"] = {"out": str(qout), "bytes": qout.stat().st_size, "acc": _accuracy(qlogits, y),
                        "label_agreement": float((qlogits.argmax(1) == ref.argmax(1)).mean()),
                        "max_abs_diff": float(np.abs(qlogits - ref).max()),
@@ -347,5 +419,11 @@ def format_export(res: dict) -> str:
                           f"{100 * res['label_agreement']:.2f}%"),
                      ("", f"{'int8':<6} {q['bytes']:>{w},}  {100 * q['bytes'] / res['bytes']:5.1f}%  "
                           f"{100 * q['acc']:7.2f}%  {100 * q['label_agreement']:.2f}%")]
+    if res["format"] == "web":
+        rows = [("wrote", f"{display(res['out'])}{os.sep}  ({res['bytes']:,} bytes in {len(res['files'])} files; "
+                          f"model.js {res['files']['model.js']:,})"),
+                ("verified on", f"{res['verified_on']}: the page's graph in PyTorch vs the model"),
+                ("max diff", f"{res['max_prob_diff']:.3g} (probabilities), {res['max_layer_diff']:.3g} (layers)"),
+                ("open", f"python -m http.server -d {display(res['out'])}  (or its index.html from disk)")]
     w = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{w}}   {v}" for k, v in rows)

@@ -45,6 +45,27 @@ def bomb_png(w: int, h: int | None = None, rows: int | None = None) -> bytes:
             + chunk(b"IDAT", body) + chunk(b"IEND", b""))
 
 
+
+@functools.lru_cache(maxsize=None)
+def scan_bomb_jpeg(side: int, scans: int, *, fill: bool = False, progressive: bool = True,
+                   mode: str = "L") -> bytes:
+    """A JPEG of random ``side`` x ``side`` pixels followed by copies of its first scan header
+    with no data, ``scans`` scans in all (HOSTILE-INPUTS.md R2: each scan costs the decoder a
+    pass over the whole picture). ``fill``: an FF fill byte before each extra marker (which
+    decoders skip)."""
+    from PIL import Image
+
+    shape = (side, side) if mode == "L" else (side, side, 3)
+    a = np.random.default_rng(0).integers(0, 255, shape).astype(np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(a).save(buf, format="JPEG", progressive=progressive, quality=5)
+    base = buf.getvalue()
+    i = base.find(b"\xff\xda")
+    sos = base[i:i + 2 + int.from_bytes(base[i + 2:i + 4], "big")] + b"\0" * 8
+    eoi = base.rfind(b"\xff\xd9")
+    extra = scans - base.count(b"\xff\xda")
+    return base[:eoi] + ((b"\xff" if fill else b"") + sos) * extra + b"\xff\xd9"
+
 # Strokes of each digit in a unit box (x right, y down), as a person draws them: ("line",
 # points) or ("arc", (cx, cy, rx, ry), start, end) in Pillow's degrees (0 = east, clockwise).
 _STROKES = {

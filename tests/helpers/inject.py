@@ -83,6 +83,38 @@ def data_delay(setup: ModuleType, seconds: float, setattr: Setter = setattr) -> 
     setattr(setup, "make_loader", make_loader)
 
 
+@fault("mnistflow.training.loop")
+def die_at_step(loop: ModuleType, spec: dict, setattr: Setter = setattr) -> None:
+    """The process of rank ``spec["rank"]`` kills itself (SIGKILL: no checkpoint, no goodbye)
+    at its first resumable point at or after step ``spec["step"]``, in the first start of a
+    torchrun job only ($TORCHELASTIC_RESTART_COUNT 0): the restarted processes run clean."""
+    import signal
+
+    real = loop.at_resumable_point
+
+    def at_resumable_point(run) -> None:
+        real(run)
+        if (run.info.rank == spec["rank"] and run.state.step >= spec["step"]
+                and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"):
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    setattr(loop, "at_resumable_point", at_resumable_point)
+
+
+@fault("mnistflow.training.setup")
+def data_delay_alone(setup: ModuleType, seconds: float, setattr: Setter = setattr) -> None:
+    """As ``data_delay``, only for a run of one process (world size 1): an elastic job shrunk to
+    one machine trains slowly enough for another to join in time, and fast again once it has."""
+    real = setup.make_loader
+
+    def make_loader(rec, split, *, train: bool = True, **kw):
+        if train and kw.get("world_size", 1) == 1:
+            kw.update(resident="no", delay_s=seconds)
+        return real(rec, split, train=train, **kw)
+
+    setattr(setup, "make_loader", make_loader)
+
+
 @fault("mnistflow.training.observe.mlflow_tracker")
 def mlflow_missing(tracker: ModuleType, _value: Any = True, setattr: Setter = setattr) -> None:
     """As on a machine without MLflow: the tracker's look-up for the package finds nothing."""
@@ -94,6 +126,13 @@ def mlflow_missing(tracker: ModuleType, _value: Any = True, setattr: Setter = se
         return None if name.partition(".")[0] == "mlflow" else real(name, *args)
 
     setattr(tracker, "importlib", SimpleNamespace(util=SimpleNamespace(find_spec=find_spec)))
+
+
+@fault("mnistflow.core.limits")
+def onnx_deadline(limits: ModuleType, seconds: float, setattr: Setter = setattr) -> None:
+    """onnxruntime calls are stopped after ``seconds`` instead of ``MAX_ONNX_RUN_SECONDS``: a
+    graph slow enough to meet the deadline without making the test slow."""
+    setattr(limits, "MAX_ONNX_RUN_SECONDS", seconds)
 
 
 # --- how they get in ----------------------------------------------------------------------------

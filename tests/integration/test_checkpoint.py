@@ -46,7 +46,7 @@ def test_run_keeps_last_k_and_best_with_pointers_and_everything_to_resume(mnist_
     for _, p in files:
         head = checkpoint.verify(p)
         assert head["format_version"] == checkpoint.FORMAT_VERSION == 1 and len(head["payload_sha256"]) == 64
-    assert not list(folder.glob(".*.tmp"))
+    assert not list(folder.glob(".*.tmp-*"))
 
     payload = checkpoint.load(folder / "step-000060.pt")
     assert set(checkpoint.PAYLOAD_KEYS) <= set(payload)
@@ -225,11 +225,11 @@ def test_a_fault_injected_by_the_tests_reaches_a_child_process(tmp_path):
     proc = subprocess.Popen([sys.executable, "-c", code, str(target)], env={**os.environ, **inject.env(slow_save=3)})
     try:
         t0 = time.monotonic()
-        while not list(tmp_path.glob(".step-000001.pt.*.tmp")):
+        while not list(tmp_path.glob(".step-000001.pt.tmp-*")):
             assert proc.poll() is None and time.monotonic() - t0 < 60, "no temp file"
             time.sleep(0.01)
         time.sleep(1)  # without the fault the rename comes within milliseconds
-        assert list(tmp_path.glob(".step-000001.pt.*.tmp")) and not target.exists()
+        assert list(tmp_path.glob(".step-000001.pt.tmp-*")) and not target.exists()
     finally:
         assert proc.wait(timeout=60) == 0
     checkpoint.verify(target)

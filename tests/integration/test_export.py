@@ -161,19 +161,53 @@ def test_safetensors_from_a_checkpoint_and_predict_on_every_format(trained, tmp_
 
 @pytest.mark.parametrize("name", list_models())
 def test_every_registered_model_exports_to_onnx_with_a_dynamic_batch(name):
+    import onnx
+
     from mnistflow.artifacts.model_info import ModelInfo
     from mnistflow.artifacts.onnx import session, to_onnx
+    from mnistflow.core import limits
 
     torch.manual_seed(0)
     model = create_model(name).eval()
     info = ModelInfo(name, [1, 28, 28], [str(i) for i in range(10)], [33.3], [78.6])
-    sess = session(to_onnx(model, info))
+    data = to_onnx(model, info)
+    sess = session(data)
+    # every operator of every export is one mnistflow runs (the allow-list is derived from these)
+    ops = {n.op_type for n in onnx.load_from_string(data).graph.node}
+    assert ops <= limits.ONNX_OPS, ops - limits.ONNX_OPS
     for n in (1, 3):
         x = torch.randn(n, 1, 28, 28)
         with torch.inference_mode():
             ref = model(x).numpy()
         got = sess.run(None, {"input": x.numpy()})[0]
         assert got.shape == (n, 10) and np.abs(got - ref).max() < 1e-4
+
+
+SPEC = ("conv4x4x8-s2-same-gelu,bn,maxpool3s2-same,conv3x3x8-valid-sigmoid,avgpool2-same,tanh,relu,"
+        "dropout0.3,gap,fc20-tanh,bn,fc10")  # every token of a layer spec
+
+
+@pytest.mark.parametrize("name", ["lenet5-x2", SPEC], ids=["ensemble", "spec"])
+def test_ensemble_spec_and_int8_exports_pass_the_graph_checks(name, tmp_path):
+    """The ONNX operator allow-list (``limits.ONNX_OPS``) and size checks hold for what ensembles,
+    layer specs and int8 quantization export too: each loads through ``load_onnx``."""
+    import onnx
+
+    from mnistflow.artifacts.model_info import ModelInfo
+    from mnistflow.artifacts.onnx import load_onnx, to_onnx
+    from mnistflow.core import limits
+    from mnistflow.exporting import quantize_int8
+
+    torch.manual_seed(0)
+    info = ModelInfo(name, [1, 28, 28], [str(i) for i in range(10)], [33.3], [78.6])
+    data = to_onnx(create_model(name).eval(), info)
+    int8 = quantize_int8(data, np.random.default_rng(0).standard_normal((64, 1, 28, 28), np.float32))
+    for tag, blob in (("f", data), ("int8", int8)):
+        ops = {n.op_type for n in onnx.load_from_string(blob).graph.node}
+        assert ops <= limits.ONNX_OPS, (tag, ops - limits.ONNX_OPS)
+        (tmp_path / f"{tag}.onnx").write_bytes(blob)
+        backend, _ = load_onnx(tmp_path / f"{tag}.onnx")
+        assert backend.run(np.zeros((3, 1, 28, 28), np.float32)).shape == (3, 10)
 
 
 def test_missing_onnx_packages_and_bad_requests_are_one_line(trained, tmp_path):

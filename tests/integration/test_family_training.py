@@ -83,7 +83,7 @@ def test_auto_on_an_unknown_input_is_shifts_and_says_so(tmp_path, capsys):
     notes = [ln for ln in capsys.readouterr().err.splitlines() if "--augment auto" in ln]
     assert notes == [("mnistflow: note: --augment auto: 'synthetic' is not a known dataset, so shifts: shifts "
                       "of a few pixels only (no flips, no rotations) (or name one: --augment "
-                      "glyphs|clothing|photos, or off)")]
+                      "glyphs|elastic|clothing|photos, or off)")]
 
 
 def test_fast_on_fashion_mnist_trains_with_only_the_data(fashion_records, tmp_path):

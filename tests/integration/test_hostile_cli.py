@@ -30,7 +30,7 @@ def test_train_refuses_bad_values_before_any_work(mnist_dir, tmp_path, flags, en
 
 @pytest.mark.parametrize("content, message", [
     (b'recipe = "softmax"\nepochs = "abc"\n', "c.toml: epochs must be a number, got 'abc'"),
-    (b'recipe = "softmax"\naugment = "false"\n', "c.toml: augment must be one of auto, off, glyphs, clothing, photos, shifts, got 'false'"),
+    (b'recipe = "softmax"\naugment = "false"\n', "c.toml: augment must be one of auto, off, glyphs, elastic, clothing, photos, shifts, got 'false'"),
     (b'recipe = "softmax"\n# \xff\xfe\n', "c.toml: not UTF-8 text"),
 ])
 def test_a_bad_config_file_is_one_line(tmp_path, content, message):

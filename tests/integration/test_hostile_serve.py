@@ -4,8 +4,8 @@ decodes, a per-request deadline), slow or idle clients are timed out, a page of 
 origin cannot make the server work, an oversized body is a 413 answer (not a reset), a tiny
 image is a 400, every refusal is a JSON error, and the server keeps serving.
 
-The server is the real one (``guard.server_config``: the guarded protocol, the connection
-cap) in a thread, with a small synthetic model and short deadlines.
+The server is the real one (``connection.server_config``: the guarded protocol, the connection
+caps) in a thread, with a small synthetic model and short deadlines.
 """
 from __future__ import annotations
 
@@ -31,7 +31,8 @@ from mnistflow.artifacts.model_info import ModelInfo  # noqa: E402
 from mnistflow.artifacts.predictor import TorchBackend  # noqa: E402
 from mnistflow.models import create_model  # noqa: E402
 from mnistflow.server import create_app  # noqa: E402
-from mnistflow.server.guard import LOCAL_HOSTS, Limits, server_config  # noqa: E402
+from mnistflow.server.connection import server_config  # noqa: E402
+from mnistflow.server.guard import LOCAL_HOSTS, Limits  # noqa: E402
 
 INFO = ModelInfo("softmax", [1, 28, 28], [str(i) for i in range(10)], [33.0], [78.0], dataset="synthetic")
 FAST = dict(header_timeout=0.5, body_timeout=0.5, work_timeout=5.0)
@@ -258,6 +259,33 @@ def test_d2_concurrent_decodes_are_capped_and_slow_work_times_out():
         assert post(port, body, js)[0] == 200
 
 
+
+def test_r2_scan_bombs_are_refused_before_decoding_and_predictions_go_on():
+    """R2: four progressive JPEGs of thousands of scans (each a pass over the picture) held
+    every decode slot (48 s of CPU each at 2 MB); predictions sent meanwhile got 503. Now each
+    is a 413 before decoding, and a prediction sent with them is answered."""
+    from helpers.images import scan_bomb_jpeg
+
+    bomb = scan_bomb_jpeg(1024, 20_000)
+    jpeg = {"Content-Type": "image/jpeg"}
+    with serving(max_concurrent=4) as port:
+        t0 = time.perf_counter()
+        with ThreadPoolExecutor(5) as ex:
+            bombs = [ex.submit(post, port, bomb, jpeg) for _ in range(4)]
+            time.sleep(0.05)
+            status, res = post(port, png(np.zeros((28, 28), np.uint8)), IMG)
+            assert status == 200, res
+            for f in bombs:
+                status, err = f.result()
+                assert status == 413 and "more than 100 scans" in err["error"], err
+        assert time.perf_counter() - t0 < 5
+        b = io.BytesIO()
+        from PIL import Image
+
+        Image.fromarray(np.full((4000, 5000), 128, np.uint8)).save(b, format="JPEG", progressive=True, quality=5)
+        status, err = post(port, b.getvalue(), jpeg)  # 0.3 Mpx after the 1/8 draft, but decoded whole
+        assert status == 413 and "a progressive JPEG of 5000x4000 pixels: at most 16,777,216" in err["error"], err
+
 # --- tiny images, oversized bodies, every 4xx a JSON error -------------------------------------
 
 def test_an_image_of_a_few_pixels_is_a_400():
@@ -386,7 +414,7 @@ def test_malformed_http_framing_is_a_json_400_and_the_server_keeps_serving(reque
         assert healthy(port)
 
 
-@pytest.mark.parametrize("path", ["/", "/static/app.js"])
+@pytest.mark.parametrize("path", ["/", "/app.js"])
 @pytest.mark.parametrize("rng", ["bytes=5-2", "bytes=999999-", "items=0-1", "bytes=0-3"])
 def test_a_range_header_is_ignored_the_whole_file_is_served(path, rng):
     """Starlette answers a bad Range in plain text (400, or an empty 416); the server drops the
@@ -443,11 +471,13 @@ def test_the_cli_serve_command_runs_the_guarded_server(monkeypatch):
             seen["app"] = seen["config"].app
 
     monkeypatch.setattr(uvicorn, "Server", FakeServer)
-    monkeypatch.setattr(appmod, "load_predictor", lambda model, threads: predictor())
+    monkeypatch.setattr(appmod, "load_predictor", lambda model, threads, work_timeout=None: predictor())
     appmod.serve("unused", port=0, max_pixels=123_456)
     cfg = seen["config"]
-    assert cfg.http == "mnistflow.server.guard:GuardedHTTPProtocol" and cfg.limit_concurrency == 256
-    assert cfg.mnistflow_header_timeout == 10.0 and seen["app"].state.limits.max_pixels == 123_456
-    from mnistflow.server.guard import GuardedHTTPProtocol
+    assert cfg.http == "mnistflow.server.connection:GuardedHTTPProtocol" and cfg.ws == "none"
+    assert cfg.limit_concurrency is None  # uvicorn's cap counted idle sockets (R3): the protocol's own
+    assert cfg.mnistflow_limits.max_connections == 256 and cfg.mnistflow_limits.header_timeout == 10.0
+    assert seen["app"].state.limits.max_pixels == 123_456
+    from mnistflow.server.connection import GuardedHTTPProtocol
 
     assert GuardedHTTPProtocol.__name__.startswith("Guarded")

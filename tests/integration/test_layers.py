@@ -243,6 +243,14 @@ def test_non_finite_activations_are_json_null():
     json.loads(json.dumps(d, allow_nan=False))  # what the server's JSONResponse does
     assert d["layers"][0]["name"] == "big" and None in d["layers"][0]["values"]
     assert abs(sum(d["probabilities"]) - 1) < 1e-5
+    # float16: an infinity is float16's largest value, the answer still valid JSON
+    import base64
+
+    d = layer_view(pred, json.dumps({"pixels": digit()[..., 0].tolist()}).encode(), "application/json", None,
+                   encoding="f16")
+    json.loads(json.dumps(d, allow_nan=False))
+    big = np.frombuffer(base64.b64decode(d["layers"][0]["values"]), "<f2")
+    assert np.isin(np.abs(big[np.isfinite(big)]), [65504]).all() and len(big) == 4
 
 
 # --- over HTTP ----------------------------------------------------------------------------
@@ -275,6 +283,34 @@ def test_layers_endpoint(client, serve_model, trained):
     pred = client.post("/api/predict", json={"pixels": a.tolist()}).json()
     assert d["probabilities"] == pred["probabilities"] and d["preprocess"] == "none"
     assert d["truncated"] is False and d["latency_ms"] > 0
+
+
+def test_layers_endpoint_gives_the_input_and_float16(client):
+    """``?input=1``: the picture the model saw, as ``/api/predict?input=1`` gives it; the page's
+    ``?encoding=f16``: each layer's values as base64 float16, equal to the JSON floats within
+    float16's precision; the probabilities stay JSON numbers."""
+    import base64
+
+    from helpers.images import png
+
+    a = digit(11)[..., 0]
+    picture = png(255 - np.kron(a, np.ones((10, 10), np.uint8)))  # a 280x280 drawing, ink on paper
+    img = {"Content-Type": "image/png"}
+    seen = client.post("/api/predict?input=1", content=picture, headers=img).json()
+    plain = client.post("/api/layers?input=1", content=picture, headers=img).json()
+    assert plain["input"] == seen["input"] and plain["preprocess"] == seen["preprocess"] == "mnist"
+    assert plain["probabilities"] == seen["probabilities"] and plain["encoding"] == "json"
+    assert "input" not in client.post("/api/layers", content=picture, headers=img).json()
+    half = client.post("/api/layers?input=1&encoding=f16", content=picture, headers=img).json()
+    assert half["encoding"] == "f16" and half["input"] == seen["input"]
+    assert half["probabilities"] == plain["probabilities"] == half["layers"][-1]["values"]
+    for h, j in zip(half["layers"][:-1], plain["layers"][:-1]):
+        assert (h["name"], h["kind"], h["shape"]) == (j["name"], j["kind"], j["shape"])
+        got = np.frombuffer(base64.b64decode(h["values"]), "<f2").astype(np.float64)
+        want = np.array(j["values"])
+        assert got.shape == want.shape and np.allclose(got, want, rtol=1e-3, atol=1e-3), h["name"]
+    r = client.post("/api/layers?encoding=f32", content=picture, headers=img)
+    assert r.status_code == 422 and "json, f16" in r.json()["error"]
 
 
 def test_kernel_endpoint_and_bad_requests(client, trained):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -127,7 +128,10 @@ def test_two_machines_train_like_one_process_through_a_restart(mnist_records, tm
     if rdzv == "static":
         assert primary is outs[0]
     after = primary.split("resumed from")[1]
-    assert after.startswith(" ") and "step 40" in after.splitlines()[0], after[:300]
+    # the newest checkpoint before the kill: step 40, or a later one when a busy machine let the
+    # run pass it before the kill landed (the weights must match the reference either way, below)
+    resumed = re.search(r"step (\d+)", after.splitlines()[0])
+    assert after.startswith(" ") and resumed and int(resumed[1]) % 20 == 0 and 40 <= int(resumed[1]) < 120, after[:300]
     assert "data parallel: 2 processes (gloo), the batch of 64 split into 32 per process" in primary
     # the first attempt ended with one line, from the process that lost its peer; the second ran clean
     (line,) = error_lines("\n".join(outs))
@@ -137,7 +141,7 @@ def test_two_machines_train_like_one_process_through_a_restart(mnist_records, tm
     assert summary["ranks_in_sync"] is True  # both machines' parameters equal, bit for bit
     assert json.loads((run / "summary.json").read_text())["steps"] == 120
     weights_close(ref, run)
-    assert_same_curves(metrics(ref), metrics(run), resumed_at=40)
+    assert_same_curves(metrics(ref), metrics(run), resumed_at=int(resumed[1]))
 
 
 @pytest.mark.parametrize("dies", [1, 0])

@@ -121,9 +121,10 @@ def test_report_to_a_read_only_folder(run, mounts):
 
 def test_a_read_only_mnistflow_home(mnist_dir, mounts):
     """prep into the cache under a read-only MNISTFLOW_HOME."""
-    home = mounts["read_only"]() / "home"
-    proc = run_cli("prep", "--data", str(mnist_dir), env={"MNISTFLOW_HOME": str(home)})
-    assert_one_line_error(proc, f"{home}: Read-only file system")
+    ro = mounts["read_only"]()
+    proc = run_cli("prep", "--data", str(mnist_dir), env={"MNISTFLOW_HOME": str(ro / "home")})
+    assert_one_line_error(proc, f"{ro} cannot be written", "set $MNISTFLOW_HOME to a writable folder")
+    assert list(ro.iterdir()) == []
 
 
 @pytest.mark.parametrize("size", ["16k", "40k"])

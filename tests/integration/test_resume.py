@@ -57,7 +57,7 @@ def _run_of(proc):
     return Path(proc.args[proc.args.index("--run-dir") + 1])
 
 
-def _wait(cond, proc: subprocess.Popen, timeout: float = 60.0) -> None:
+def _wait(cond, proc: subprocess.Popen, timeout: float = 180.0) -> None:  # a busy 2-core machine is slow
     t0 = time.monotonic()
     while not cond():
         assert proc.poll() is None, f"training ended before the kill point ({_logged_step(_run_of(proc))})"
@@ -103,11 +103,11 @@ def test_killed_at_any_moment_resumes_bitwise_identical(mnist_records, tmp_path)
     # 4. kill -9 inside a checkpoint write (temp file written, not yet renamed)
     before = _assert_no_corrupt_checkpoint(run)
     p = _launch(_args(mnist_records, run), log, env=inject.env(slow_save=30))
-    _wait(lambda: any((run / "checkpoints").glob(".step-*.tmp")), p)
+    _wait(lambda: any((run / "checkpoints").glob(".step-*.tmp-*")), p)
     time.sleep(0.2)
     p.kill()
     p.wait()
-    tmp = list((run / "checkpoints").glob(".step-*.tmp"))
+    tmp = list((run / "checkpoints").glob(".step-*.tmp-*"))
     assert tmp and tmp[0].stat().st_size > 1_000_000  # killed with the payload written
     after = _assert_no_corrupt_checkpoint(run)
     assert after[-1] == before[-1]  # the half-saved checkpoint never appeared
@@ -123,7 +123,7 @@ def test_killed_at_any_moment_resumes_bitwise_identical(mnist_records, tmp_path)
         assert f"interrupted by {sig.name} at step" in err and "continue with: mnistflow train --resume" in err
         step = int(err.split(" at step ")[1].split(";")[0])
         steps = _assert_no_corrupt_checkpoint(run)
-        assert steps[-1] == step and not list((run / "checkpoints").glob(".*.tmp"))
+        assert steps[-1] == step and not list((run / "checkpoints").glob(".*.tmp-*"))
         reason = checkpoint.read_header(run / "checkpoints" / checkpoint.checkpoint_name(step))["reason"]
         assert reason in ("interrupt", "every")  # (the signal may land during a periodic save)
         report.append((sig.name, step, steps))
@@ -186,8 +186,9 @@ def test_resume_refuses_a_different_model_or_data_listing_the_differences(mnist_
 def test_a_signal_landing_while_the_save_is_decided_still_stops_with_a_checkpoint(mnist_records, tmp_path,
                                                                                    monkeypatch):
     """The signal arrives inside the save decision of step 7 (no save due there): the run must
-    not stop at 7 unsaved (it did when the flag was read twice), but save and stop at the next
-    point, and that checkpoint is the step the interruption names."""
+    not stop at 7 unsaved (it did when the flag was read twice). The flag is read once, after
+    the decision (the signal and the decision are then agreed by every rank at once): the run
+    saves at 7 and stops there, and that checkpoint is the step the interruption names."""
     from mnistflow.training import checkpointing
 
     decided = checkpointing.Saver.is_new_best
@@ -203,8 +204,8 @@ def test_a_signal_landing_while_the_save_is_decided_still_stops_with_a_checkpoin
         train(model="mlp", data=str(mnist_records), run_dir=str(run), max_steps=40, batch_size=64,
               checkpoint_every=20, quiet=True, threads=1, tensorboard=False)
     steps = _assert_no_corrupt_checkpoint(run)
-    assert stopped.value.step == 8 and steps == [8], (stopped.value.step, steps)
-    assert stopped.value.path is not None and stopped.value.path.name == "step-000008.pt"
+    assert stopped.value.step == 7 and steps == [7], (stopped.value.step, steps)
+    assert stopped.value.path is not None and stopped.value.path.name == "step-000007.pt"
 
 
 def test_a_checkpoint_copied_in_from_another_run_does_not_take_the_run_over(mnist_records, tmp_path):
@@ -220,7 +221,7 @@ def test_a_checkpoint_copied_in_from_another_run_does_not_take_the_run_over(mnis
     shutil.copy(other / "checkpoints" / "step-000003.pt", run / "checkpoints" / "step-000999.pt")
     before = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
     proc = run_cli("train", "--resume", "--run-dir", str(run), "--max-steps", "1200")
-    assert_one_line_error(proc, "step-000999.pt: was not written by the run in", "model 'mlp' (the run's: "
+    assert_one_line_error(proc, "step-000999.pt: was written by another run than the one in", "model 'mlp' (the run's: "
                           "'softmax')", "move it out of checkpoints/")
     assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == before
     (run / "checkpoints" / "step-000999.pt").unlink()

@@ -141,7 +141,8 @@ def test_the_scripts_parse():
 
 def test_the_readmes_picture_is_made_by_the_screenshot_script(serve_model, tmp_path):
     """The script serves a trained model, draws a digit on the page in Chromium, and the page
-    names it; the PNG it writes is as small as the README's picture must be."""
+    names it and shows its layers; the PNG it writes (the 1280x800 window) is as small as the
+    README's picture must be."""
     if shutil.which("chromium") is None:
         pytest.fail("Debian's chromium is not installed: apt-get install -y chromium (scripts/test.sh does it)")
     out = tmp_path / "serve.png"
@@ -151,7 +152,11 @@ def test_the_readmes_picture_is_made_by_the_screenshot_script(serve_model, tmp_p
     assert "drew 7, the page says 7;" in proc.stdout, proc.stdout
     data = out.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) < 100_000
+    import numpy as np
     from PIL import Image
 
     with Image.open(out) as img:
-        assert img.mode == "P" and img.width == 980 and img.height > 500
+        assert img.mode == "P" and (img.width, img.height) == (1280, 800)
+        grey = np.asarray(img.convert("RGB")).astype(int)
+        tiles = grey[200:380, 400:1230]  # the first layer's feature maps, right of the drawing
+        assert (np.ptp(tiles, axis=(0, 1)) > 100).all() and len(np.unique(tiles[..., 0])) > 20

@@ -58,17 +58,24 @@ def test_health_and_model(client):
     assert m["model"] == "fast" and m["backend"] == "pytorch" and m["dataset"] == "mnist"
     assert m["in_shape"] == [1, 28, 28] and m["input_size"] == "28x28x1"
     assert m["class_names"] == [str(i) for i in range(10)] and m["params"] > 10_000
-    assert 0.97 < m["test_acc"] <= 1 and m["background"] == "dark"
+    assert 0.97 < m["test_acc"] <= 1 and m["background"] == "dark" and m["picture"] == "mnist"
 
 
 def test_page_and_static_files(client):
     r = client.get("/")
     assert r.status_code == 200 and "text/html" in r.headers["content-type"]
     assert "default-src 'self'" in r.headers["content-security-policy"]
-    for name in ("app.js", "style.css"):
-        assert name in r.text and client.get(f"/static/{name}").status_code == 200
-    assert "http://" not in r.text and "https://" not in r.text  # nothing from the network
-    assert "https://" not in client.get("/static/app.js").text
+    for name in ("backend.js", "app.js", "style.css"):  # beside the page, as in a web export
+        assert f'"{name}"' in r.text
+        f = client.get(f"/{name}")
+        assert f.status_code == 200 and "default-src 'self'" in f.headers["content-security-policy"]
+        assert "http://" not in f.text and "https://" not in f.text  # nothing from the network
+    assert r.text.index('"backend.js"') < r.text.index('"app.js"')  # window.mnistflow first
+    assert "http://" not in r.text and "https://" not in r.text
+    for name in ("/static/app.js", "/nothing.js", "/index.htm", "/..%2Fapp.py", "/web"):
+        r = client.get(name)
+        assert r.status_code == 404 and r.json()["error"], name
+    assert client.post("/app.js", content=b"x").status_code == 405
 
 
 def test_pixels_at_model_size_used_as_is(client):

@@ -5,36 +5,27 @@ model trained for the serve tests; ten real MNIST test digits are drawn onto the
 mouse strokes, row by row along their ink, and the page must name at least nine of them.
 The page is saved to ``test-artifacts/serve.png``.
 
-Needs ``apt-get install -y chromium chromium-driver`` (scripts/test.sh installs it); without
-it this test FAILS rather than skips. ``playwright install`` (the browser download) is not
-used and does not work offline.
+Needs Debian's chromium and Playwright (``helpers.browser``).
 """
 from __future__ import annotations
 
-import shutil
 import signal
 import subprocess
 
 import numpy as np
 import pytest
 
+from helpers.browser import CHROMIUM_ARGS, draw, find_chromium, predicted, sync_api, watch
 from helpers.cli import REPO, start_serve
 from helpers.images import png, real_digits
 
 ARTIFACTS = REPO / "test-artifacts"
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic"]
-INK = 128  # MNIST pixels above this are stroked
 
 
 @pytest.fixture(scope="session")
 def chromium() -> str:
     """Debian's chromium (checked before anything is trained or started)."""
-    path = shutil.which("chromium") or shutil.which("chromium-browser")
-    if path is None:
-        pytest.fail("Debian's chromium is not installed: run 'apt-get update && apt-get install -y "
-                    "chromium chromium-driver' (scripts/test.sh does it); 'playwright install' does not work here")
-    return path
+    return find_chromium()
 
 
 @pytest.fixture(scope="module")
@@ -58,65 +49,14 @@ def server_url(serve_model):
 
 @pytest.fixture(scope="module")
 def page(chromium, server_url):
-    try:
-        from playwright import sync_api
-    except ImportError:
-        pytest.fail("playwright is not installed: pip install -e '.[dev]' (scripts/test.sh does it)")
-    with sync_api.sync_playwright() as p:
+    with sync_api().sync_playwright() as p:
         browser = p.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS, headless=True)
         pg = browser.new_page(viewport={"width": 1100, "height": 900})
-        pg.problems = []  # console errors, page errors, requests leaving the server
-        pg.on("console", lambda m: m.type == "error" and pg.problems.append(f"console: {m.text}"))
-        pg.on("pageerror", lambda e: pg.problems.append(f"page error: {e}"))
-        pg.on("request", lambda r: r.url.startswith(("data:", server_url)) or pg.problems.append(f"request: {r.url}"))
+        watch(pg, server_url)  # console errors, page errors, requests leaving the server
         pg.goto(server_url)
         pg.wait_for_function("() => document.getElementById('m-name').textContent === 'fast'")
         yield pg
         browser.close()
-
-
-def ink_runs(digit: np.ndarray) -> list[tuple[int, int, int]]:
-    """(row, first column, last column) of each horizontal run of ink pixels."""
-    runs = []
-    for y, row in enumerate(digit > INK):
-        x = 0
-        while x < len(row):
-            if row[x]:
-                x0 = x
-                while x + 1 < len(row) and row[x + 1]:
-                    x += 1
-                runs.append((y, x0, x))
-            x += 1
-    return runs
-
-
-def draw(pg, digit: np.ndarray, touch=None) -> None:
-    """Stroke the digit's ink onto #pad, one stroke per run of ink in a row: with the mouse,
-    or with a finger when ``touch`` is a CDP session of a touch-enabled page."""
-    box = pg.locator("#pad").bounding_box()
-    s = box["width"] / digit.shape[1]
-    at = lambda x, y: (box["x"] + (x + 0.5) * s, box["y"] + (y + 0.5) * s)  # noqa: E731
-    for y, x0, x1 in ink_runs(digit):
-        steps = max(1, (x1 - x0) // 2)
-        if touch is None:
-            pg.mouse.move(*at(x0, y))
-            pg.mouse.down()
-            pg.mouse.move(*at(x1, y), steps=steps)
-            pg.mouse.up()
-            continue
-        for i in range(steps + 1):
-            px, py = at(x0 + (x1 - x0) * i / steps, y)
-            touch.send("Input.dispatchTouchEvent", {"type": "touchStart" if i == 0 else "touchMove",
-                                                    "touchPoints": [{"x": px, "y": py}]})
-        touch.send("Input.dispatchTouchEvent", {"type": "touchEnd", "touchPoints": []})
-
-
-def predicted(pg) -> tuple[int, str]:
-    """The label the page shows once it has predicted the whole drawing."""
-    pg.wait_for_function("() => { const p = document.getElementById('prediction');"
-                         " return p.dataset.state === 'idle' && p.dataset.label !== ''; }", timeout=30_000)
-    el = pg.locator("#prediction")
-    return int(el.get_attribute("data-label")), el.inner_text()
 
 
 def test_drawn_mnist_digits_are_recognised(page):

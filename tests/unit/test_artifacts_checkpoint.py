@@ -180,7 +180,7 @@ def test_the_slow_save_fault_holds_a_fully_written_temp_file_before_the_rename(t
     seen = []
 
     def pause(seconds: float) -> None:
-        tmp = list(tmp_path.glob(".step-000001.pt.*.tmp"))
+        tmp = list(tmp_path.glob(".step-000001.pt.tmp-*"))
         seen.append((seconds, [t.stat().st_size for t in tmp], (tmp_path / "step-000001.pt").exists()))
 
     inject.slow_save(checkpoint, 30.0, monkeypatch.setattr, pause)

@@ -233,7 +233,7 @@ def test_augment_setting_values():
     assert resolve(flags={"augment": "photos"}).augment == "photos"
     with pytest.raises(MnistflowError) as e:
         resolve(flags={"augment": "sideways"})
-    assert "--augment must be one of auto, off, glyphs, clothing, photos, shifts, got 'sideways'" in str(e.value)
+    assert "--augment must be one of auto, off, glyphs, elastic, clothing, photos, shifts, got 'sideways'" in str(e.value)
     with pytest.raises(MnistflowError, match="--augment must be text, got True"):
         resolve(flags={"augment": True})  # (the switch before policies: not read any more)
 
@@ -291,3 +291,20 @@ def test_reports_say_which_views():
     assert describe_views(8, True) == "mean of 9 views: the image, its mirror and 7 shifts"
     assert describe_views(8, False) == "mean of 9 shifted views"
     assert describe_views(2, True) == "mean of 3 views: the image, its mirror and 1 shift"
+
+
+def test_elastic_bends_within_its_bound():
+    """elastic = glyphs' affine draws plus a smooth field: with a zero field it is glyphs
+    exactly; with the largest field every pixel moves by at most ELASTIC_PIXELS more."""
+    x = torch.zeros(8, 1, 28, 28)
+    x[:, :, 10:18, 13:15] = 255  # a bar
+    r = torch.rand(8, 3, generator=gen(3)) * 2 - 1
+    zero = torch.zeros(8, 2, A.ELASTIC_POINTS, A.ELASTIC_POINTS)
+    assert torch.allclose(A._elastic(x, r, zero), A._rotate_shift(x, r, 2.0, 10.0), atol=1e-3)
+    field = torch.rand(8, 2, A.ELASTIC_POINTS, A.ELASTIC_POINTS, generator=gen(4)) * 2 - 1
+    bent, straight = A._elastic(x, r, field), A._rotate_shift(x, r, 2.0, 10.0)
+    assert (bent - straight).abs().amax() > 50  # it does bend
+    # the ink stays within the bound: dilate the unbent ink by the bound, nothing falls outside
+    reach = int(A.ELASTIC_PIXELS) + 2  # bicubic overshoot and bilinear spread
+    near = torch.nn.functional.max_pool2d((straight > 0).float(), 2 * reach + 1, 1, reach) > 0
+    assert (bent[~near] < 1).all()

@@ -64,7 +64,7 @@ def test_help_is_grouped_by_the_field_metadata(verb, capsys):
         assert f.metadata["help"].split()[0] in flag_help(got[group], flag(f.name))
         for other in set(GROUPS) - {group}:
             assert not re.search(rf"^  {re.escape(flag(f.name))}\b", got[other], re.M), (f.name, other)
-    for extra in ("-h, --help", "--config", "--nproc"):  # the flags that are not settings
+    for extra in ("-h, --help", "--config", "--nproc", "--max-restarts"):  # the flags that are not settings
         assert re.search(rf"^  {re.escape(extra)}\b", got["run"], re.M), extra
 
 

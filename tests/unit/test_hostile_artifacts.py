@@ -248,6 +248,34 @@ def test_onnx_bad_files_are_one_error(tmp_path, kw, fragment):
     assert fragment in str(e.value), str(e.value)
 
 
+@pytest.mark.parametrize("out,fragment", [
+    (np.zeros((2, 5), np.float32), "computed float32 (2, 5) for 2 image(s), not float logits (2, 10)"),
+    (np.full((2, 10), "7"), "computed <U1 (2, 10) for 2 image(s), not float logits"),
+    (np.zeros((2, 10), np.int64), "computed int64 (2, 10) for 2 image(s), not float logits"),
+    (np.zeros((2, 10, 1), np.float32), "computed float32 (2, 10, 1)"),
+    ([1, 2], "computed list for 2 image(s)"),
+    (np.array([[0.0] * 10, [np.nan] + [0.0] * 9], np.float32), "NaN or infinite logits for 1 of 2 image(s)"),
+], ids=["lies5", "strings", "int64", "3-d", "not an array", "nan"])
+def test_onnx_answers_are_checked_on_every_call(out, fragment):
+    """Issue 40, R7: what onnxruntime returns is checked before anything uses it (a graph that
+    computes other than it declares gave tracebacks, or rc 0 with 0.2 under 10 names, or nan)."""
+    from types import SimpleNamespace
+
+    from mnistflow.artifacts.onnx import OnnxBackend
+
+    class Session:
+        def get_inputs(self):
+            return [SimpleNamespace(name="input")]
+
+        def run(self, names, feed, options=None):
+            return [out]
+
+    backend = OnnxBackend(Session(), INFO)
+    with pytest.raises(MnistflowError) as e:
+        backend.predict(np.zeros((2, 28, 28, 1), np.uint8))
+    assert fragment in str(e.value), str(e.value)
+
+
 def test_npz_without_metadata_says_what_predict_and_serve_can_use(tmp_path):
     """Minor finding: predict/serve told the user to pass --data, which they do not have."""
     path = tmp_path / "plain.npz"

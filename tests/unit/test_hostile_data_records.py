@@ -14,6 +14,7 @@ import pytest
 
 from helpers.synthetic import raw_dataset
 from mnistflow.core.errors import MnistflowError
+from mnistflow.core import fsutil
 from mnistflow.core.fsutil import sha256_file
 from mnistflow.data import write_records as writer
 from mnistflow.data.records import meta_checksum, open_records
@@ -147,10 +148,10 @@ def leftover(parent: Path, name: str, age_s: float = 0) -> Path:
 
 
 def test_d11_a_later_prep_removes_what_killed_ones_left(tmp_path):
-    host = writer._owner().rsplit("-", 1)[0]
+    host = fsutil.owner().rsplit("-", 1)[0]
     dead = leftover(tmp_path, f".recs.tmp-{host}-{dead_pid()}-ab12cd")
-    legacy_old = leftover(tmp_path, ".recs.tmp-6mh245gv", age_s=2 * writer.STALE_AFTER_S)
-    other_host_old = leftover(tmp_path, f".recs.tmp-elsewhere-{os.getpid()}-x1", age_s=2 * writer.STALE_AFTER_S)
+    legacy_old = leftover(tmp_path, ".recs.tmp-6mh245gv", age_s=2 * fsutil.STALE_AFTER_S)
+    other_host_old = leftover(tmp_path, f".recs.tmp-elsewhere-{os.getpid()}-x1", age_s=2 * fsutil.STALE_AFTER_S)
     live = leftover(tmp_path, f".recs.tmp-{host}-{os.getppid()}-zz9")  # a prep still running
     legacy_new = leftover(tmp_path, ".recs.tmp-q8w7e6r5")  # maybe an older mnistflow, running
     other_host_new = leftover(tmp_path, f".recs.tmp-elsewhere-{dead_pid()}-x2")
@@ -168,10 +169,10 @@ def test_d11_a_later_prep_removes_what_killed_ones_left(tmp_path):
 def test_d11_a_writer_killed_between_its_renames_gets_its_records_back(tmp_path):
     out = tmp_path / "recs"
     write_records(raw_dataset(60, 20), out, key="k", options={}, source_checksums={}, val_size=10)
-    host = writer._owner().rsplit("-", 1)[0]
+    host = fsutil.owner().rsplit("-", 1)[0]
     old = tmp_path / f".recs.old-{host}-{dead_pid()}"
     os.rename(out, old)  # the moment after 'out -> old', before 'tmp -> out'
-    assert writer.sweep_stale(out) == [old]
+    assert fsutil.sweep_stale(out.parent) == [old]
     assert open_records(out).size("train") == 50 and not old.exists()
 
 
@@ -204,10 +205,10 @@ def test_two_preps_of_different_datasets_into_one_out_at_once_lose_nothing(tmp_p
     first = dataclasses.replace(raw_dataset(300, 100), name="first")
     real_sweep = writer.sweep_stale
 
-    def the_other_prep_finishes_meanwhile(path):  # after the first check, before the swap
+    def the_other_prep_finishes_meanwhile(*args):  # after the first check, before the swap
         monkeypatch.setattr(writer, "sweep_stale", real_sweep)
         write_records(first, out, key="a", options={}, source_checksums={}, val_size=50)
-        real_sweep(path)
+        real_sweep(*args)
 
     monkeypatch.setattr(writer, "sweep_stale", the_other_prep_finishes_meanwhile)
     with pytest.raises(MnistflowError, match="holds the records of another dataset \\('first', not 'synthetic'\\)"):

@@ -6,6 +6,7 @@
     model_file  model.safetensors, rebuilding a model, the one strict weight loader
     npz         parameters by name as .npz (export, --init-from)
     onnx        ONNX bytes from a model, the onnxruntime session, the ONNX predictor backend
+    onnx_check  what an ONNX file must be before it runs (operators, inferred sizes, weights)
     pt2         a torch.export program (.pt2) from a model, and one loaded back as a module
     predictor   uint8 images -> class probabilities, for PyTorch and ONNX alike
     layers      one image -> every layer's activations (forward hooks), a conv channel's kernel

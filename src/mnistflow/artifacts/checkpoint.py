@@ -45,7 +45,7 @@ from mnistflow.artifacts.rundir import CHECKPOINTS
 from mnistflow.core import limits
 from mnistflow.core.errors import MnistflowError, display
 from mnistflow.core.fsutil import NotReadable, atomic_write, atomic_write_text, fsync_dir, open_regular, \
-    read_regular
+    read_regular, sweep_stale
 from mnistflow.core.log import warn
 
 FORMAT_VERSION = 1
@@ -57,6 +57,9 @@ SUPERSEDED = "superseded"  # checkpoints of an abandoned timeline (a resume from
 _STEP_FILE = re.compile(r"^step-(\d+)\.pt$")
 PAYLOAD_KEYS = ("format_version", "model", "optimizer", "scheduler", "scaler", "rng", "train_state",
                 "config", "data", "model_info")
+# optional: the RNG states (as ``rng``) of every process of a data parallel run, by rank (rank 0's
+# is ``rng``), so each continues its own stream (dropout) as if never stopped
+RANK_RNG = "rank_rng"
 
 class CorruptCheckpoint(MnistflowError):
     """A checkpoint file that is truncated, altered or not a checkpoint at all."""
@@ -369,11 +372,7 @@ class CheckpointDir:
     def __post_init__(self):
         self.folder = Path(self.folder)
         self.folder.mkdir(parents=True, exist_ok=True)
-        for tmp in self.folder.glob(".*.tmp"):  # left by a process killed mid-write
-            try:
-                tmp.unlink()
-            except OSError:
-                pass
+        sweep_stale(self.folder, locked=True)  # left by a process of this run killed mid-write
         best = read_pointer(self.folder, BEST)
         if best is not None:
             try:

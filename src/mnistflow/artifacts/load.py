@@ -30,8 +30,9 @@ from mnistflow.artifacts.onnx import OnnxBackend, load_onnx
 from mnistflow.artifacts.pt2 import load_pt2
 from mnistflow.artifacts.rundir import RunDir
 from mnistflow.core import limits
-from mnistflow.core.errors import MnistflowError
+from mnistflow.core.errors import MnistflowError, display
 from mnistflow.core.fsutil import regular_file
+from mnistflow.core.log import note
 
 PLAIN_TORCH_SUFFIXES = (".pt", ".pth", ".ckpt", ".bin", ".pkl")
 
@@ -82,12 +83,20 @@ def resolve(path: str | Path) -> Path:
     p = Path(path)
     if p.is_dir():
         run = RunDir(p)
+        training = run.training_pid()  # a run being trained: what is read is of a step in the middle
         if os.path.lexists(run.model):  # a FIFO or a device there is refused, not skipped
-            return regular_file(run.model, limits.MAX_MODEL_BYTES, "model file")
+            found = regular_file(run.model, limits.MAX_MODEL_BYTES, "model file")
+            if training:
+                note(f"{display(p)}: a training is writing this run now (pid {training}): reading the "
+                     f"{MODEL_FILE} of an earlier end of it")
+            return found
         latest = checkpoint.find_latest(run.checkpoints if run.checkpoints.is_dir() else p)
         if latest is None:
             raise MnistflowError(f"no {MODEL_FILE} and no valid checkpoint in this directory "
                                  "(did the run start?)", p)
+        if training:
+            note(f"{display(p)}: a training is writing this run now (pid {training}): reading its newest "
+                 f"checkpoint, {latest.name}, not a finished model")
         return latest
     if not p.exists():
         raise MnistflowError("no such file or directory", p)

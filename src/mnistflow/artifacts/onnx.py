@@ -16,7 +16,7 @@ import functools
 import inspect
 import io
 import logging
-import math
+import threading
 import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator
@@ -27,6 +27,7 @@ import torch.nn as nn
 
 from mnistflow.artifacts.model_file import unwrap
 from mnistflow.artifacts.model_info import META_KEY, ModelInfo, info_from_json
+from mnistflow.artifacts.onnx_check import GraphCost, check_onnx_file
 from mnistflow.core import limits
 from mnistflow.core.errors import MnistflowError, import_optional
 from mnistflow.core.fsutil import regular_file
@@ -102,21 +103,69 @@ def _softmax(z: np.ndarray) -> np.ndarray:
 class OnnxBackend:
     """An ONNX model run by onnxruntime on the CPU, behind the predictor interface:
     ``logits(normalized batch)`` and ``predict(uint8 images) -> probabilities``. Safe to call
-    from several threads at once (``InferenceSession.run``)."""
+    from several threads at once (``InferenceSession.run``).
+
+    A file's graph is checked before it runs (``artifacts.onnx_check``); what it computes is
+    checked on every call: float logits (N, K), K the metadata's classes, all finite, else one
+    error line. Each onnxruntime call takes at most ``cost.max_batch`` images and is stopped
+    after ``deadline`` seconds (its terminate flag: the thread ends, the error is one line)."""
 
     backend = "onnxruntime"
     device = torch.device("cpu")
 
-    def __init__(self, sess, info: ModelInfo, path: Path | None = None):
+    def __init__(self, sess, info: ModelInfo, path: Path | None = None, cost: GraphCost | None = None):
         self.session, self.info, self.path = sess, info, path
         self.input_name = sess.get_inputs()[0].name
+        self.max_batch = cost.max_batch if cost is not None else None
+        self.deadline = limits.MAX_ONNX_RUN_SECONDS
 
     def run(self, x: np.ndarray, batch_size: int = 1000) -> np.ndarray:
         """Logits (N, K) float32 of a normalized float32 (N, C, H, W) array, in batches."""
         x = np.ascontiguousarray(x, dtype=np.float32)
-        out = [self.session.run(None, {self.input_name: x[i:i + batch_size]})[0]
-               for i in range(0, len(x), batch_size)]
+        step = min(batch_size, self.max_batch or batch_size)
+        out = [self._call(x[i:i + step]) for i in range(0, len(x), step)]
         return np.concatenate(out) if out else np.zeros((0, self.info.num_classes), np.float32)
+
+    def _call(self, x: np.ndarray) -> np.ndarray:
+        """One onnxruntime call under the deadline, and its logits checked."""
+        import onnxruntime as ort
+
+        opts = ort.RunOptions()
+        stopped = threading.Event()
+
+        def stop() -> None:
+            stopped.set()
+            opts.terminate = True
+
+        timer = threading.Timer(self.deadline, stop)
+        timer.daemon = True
+        timer.start()
+        try:
+            out = self.session.run(None, {self.input_name: x}, opts)[0]
+        except Exception as e:  # onnxruntime's own exception types
+            if stopped.is_set():
+                raise MnistflowError(f"the model took over {self.deadline:g} s for {len(x)} image(s); "
+                                     "stopped", self.path) from None
+            raise MnistflowError(f"onnxruntime could not run the model ({' '.join(str(e).split())[:200]})",
+                                 self.path) from None
+        finally:
+            timer.cancel()
+        return self._checked(out, len(x))
+
+    def _checked(self, out: object, n: int) -> np.ndarray:
+        """``out`` as float32 logits (n, K), else one error line: a graph that computes other
+        than it declares (5 classes under 10 names, strings, integers, NaN)."""
+        k = self.info.num_classes
+        if not isinstance(out, np.ndarray) or out.dtype.kind != "f" or out.shape != (n, k):
+            what = f"{out.dtype} {tuple(out.shape)}" if isinstance(out, np.ndarray) else type(out).__name__
+            raise MnistflowError(f"the model computed {what} for {n} image(s), not float logits "
+                                 f"({n}, {k}) for its {k} classes; refusing its answers", self.path)
+        out = out.astype(np.float32, copy=False)
+        bad = int((~np.isfinite(out)).any(1).sum())
+        if bad:
+            raise MnistflowError(f"the model computed NaN or infinite logits for {bad} of {n} image(s); "
+                                 "refusing its answers", self.path)
+        return out
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
         """Logits of a normalized (N, C, H, W) batch, as a CPU tensor: the model's forward."""
@@ -154,58 +203,6 @@ def _source_params(path: Path, info: ModelInfo) -> int | None:
         return None
 
 
-def check_onnx_file(path: Path) -> None:
-    """Each initializer's declared shape and type against the bytes it carries (external data
-    is refused: ``mnistflow export`` never writes it), all together at most
-    ``limits.MAX_ONNX_VALUES``, before onnxruntime allocates anything; the file itself must be a
-    regular file of at most ``limits.MAX_MODEL_BYTES`` (checked first, even without ``onnx``)."""
-    path = regular_file(path, limits.MAX_MODEL_BYTES, "ONNX model")
-    try:
-        import onnx
-        from onnx import TensorProto, helper
-    except ImportError:
-        return
-    try:
-        m = onnx.load(str(path), load_external_data=False)
-    except Exception as e:  # a protobuf decode error
-        raise MnistflowError(f"not a loadable ONNX model ({e.__class__.__name__})", path) from None
-    typed = ("float_data", "int32_data", "string_data", "int64_data", "double_data", "uint64_data")
-    total = 0
-    for t in m.graph.initializer:
-        if t.data_location == TensorProto.EXTERNAL or t.external_data:
-            raise MnistflowError(f"refused: initializer '{t.name[:80]}' keeps its data outside the "
-                                 "file (mnistflow exports never do)", path)
-        if any(d < 0 for d in t.dims):
-            raise MnistflowError(f"initializer '{t.name[:80]}' has a negative dimension", path)
-        n = math.prod(t.dims)
-        total += n
-        if total > limits.MAX_ONNX_VALUES:
-            raise MnistflowError(f"the initializers declare over {limits.MAX_ONNX_VALUES:,} values", path)
-        try:
-            size = np.dtype(helper.tensor_dtype_to_np_dtype(t.data_type)).itemsize
-        except Exception:
-            raise MnistflowError(f"initializer '{t.name[:80]}' has an unknown data type "
-                                 f"{t.data_type}", path) from None
-        stored = len(t.raw_data) if t.raw_data else sum(len(getattr(t, f)) for f in typed)
-        want = n * size if t.raw_data else n
-        if t.data_type in (TensorProto.FLOAT16, TensorProto.BFLOAT16) and not t.raw_data:
-            want = n  # stored one value per int32
-        if stored != want:
-            raise MnistflowError(f"initializer '{t.name[:80]}' declares {'x'.join(map(str, t.dims))} "
-                                 f"values but stores {stored:,} {'bytes' if t.raw_data else 'values'}",
-                                 path)
-        if t.data_type in (TensorProto.COMPLEX64, TensorProto.COMPLEX128):
-            raise MnistflowError(f"initializer '{t.name[:80]}' holds complex values; weights must be "
-                                 "real numbers", path)
-        if t.data_type in (TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.FLOAT16) and n:
-            from onnx import numpy_helper
-
-            if not np.isfinite(numpy_helper.to_array(t)).all():  # as the strict weight loader
-                raise MnistflowError(f"initializer '{t.name[:80]}' holds non-finite values (NaN or "
-                                     "infinity); refusing weights that would make every prediction "
-                                     "NaN", path)
-
-
 def _check_io(sess, info: ModelInfo, path: Path) -> None:
     """The session's input (N, C, H, W) and output (N, K) against the metadata's in_shape and
     class count (a fixed dimension that differs is an error; a symbolic one is taken as is)."""
@@ -222,6 +219,8 @@ def _check_io(sess, info: ModelInfo, path: Path) -> None:
     if not fits(ins[0].shape, [None, c, h, w]):
         raise MnistflowError(f"ONNX input shape {ins[0].shape} does not match the metadata's "
                              f"in_shape {c}x{h}x{w}", path)
+    if outs[0].type not in ("tensor(float)", "tensor(float16)", "tensor(double)"):
+        raise MnistflowError(f"ONNX output is {outs[0].type}, not float logits", path)
     if not fits(outs[0].shape, [None, info.num_classes]):
         raise MnistflowError(f"ONNX output shape {outs[0].shape} does not match the metadata's "
                              f"{info.num_classes} classes", path)
@@ -229,9 +228,11 @@ def _check_io(sess, info: ModelInfo, path: Path) -> None:
 
 def load_onnx(path: str | Path, threads: int | None = None) -> tuple[OnnxBackend, ModelInfo]:
     """An ``.onnx`` file written by ``mnistflow export`` as a backend, and its info; the
-    initializers, the metadata and the input/output shapes are validated."""
+    initializers, the graph (``artifacts.onnx_check``), the metadata and the input/output shapes
+    are validated, and one blank image is run through it (its answer checked as every later one
+    is): a model that cannot answer is refused before any data is read or any request served."""
     p = regular_file(path, limits.MAX_MODEL_BYTES, "ONNX model")  # before onnx / onnxruntime read it whole
-    check_onnx_file(p)
+    cost = check_onnx_file(p)
     sess = session(p, threads)
     try:
         meta = sess.get_modelmeta().custom_metadata_map
@@ -242,4 +243,6 @@ def load_onnx(path: str | Path, threads: int | None = None) -> tuple[OnnxBackend
                              "'mnistflow export --format onnx')", p)
     info = info_from_json(meta[META_KEY], p)
     _check_io(sess, info, p)
-    return OnnxBackend(sess, info, p), info
+    backend = OnnxBackend(sess, info, p, cost)
+    backend.run(np.zeros((1, *info.in_shape), np.float32))
+    return backend, info

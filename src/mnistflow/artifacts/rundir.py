@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mnistflow.core.errors import MnistflowError
+from mnistflow.core.fsutil import pid_alive
 from mnistflow.data.records import is_record_set
 
 try:
@@ -99,6 +100,22 @@ class RunDir:
         if is_record_set(self.path, among_others=True):
             raise MnistflowError("this directory holds prepared records (meta.json and its data): a run's "
                                  "files do not go among them; pick another --run-dir", self.path)
+        runs = self.runs_inside()
+        if runs:
+            raise MnistflowError(f"this directory holds other runs ({', '.join(runs[:3])}"
+                                 f"{', ...' if len(runs) > 3 else ''}): a run directory is one run's; pick a "
+                                 "new folder (e.g. a name inside it) as --run-dir", self.path)
+
+    def runs_inside(self, limit: int = 1000) -> list[str]:
+        """The names of the runs among the first ``limit`` entries of this directory (a folder of
+        runs such as ``runs/``), sorted."""
+        try:
+            with os.scandir(self.path) as it:
+                entries = [e for _, e in zip(range(limit), it)]
+        except OSError:
+            return []
+        return sorted(e.name for e in entries if e.is_dir(follow_symlinks=False) and e.name != CHECKPOINTS
+                      and RunDir(e.path).is_run())
 
     def has_steps(self) -> bool:
         """Whether a training recorded any of its steps here: a metrics line, a checkpoint, a
@@ -111,6 +128,24 @@ class RunDir:
                 return True  # cannot tell: keep it
         return any(nonempty(p) for p in (self.metrics, self.checkpoints, self.profile, self.model, self.summary))
 
+    def training_pid(self) -> int | None:
+        """The process id of the training that holds this run's lock now (a run being trained:
+        its files are those of a step in the middle), else None. A lock file a killed training
+        left is not held (``/proc/locks``; where the system does not tell: its pid is gone)."""
+        try:
+            fd = os.open(self.lock, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError:
+            return None
+        try:
+            st = os.fstat(fd)
+            text = os.pread(fd, 32, 0).strip() if stat.S_ISREG(st.st_mode) else b""
+        finally:
+            os.close(fd)
+        if not text.isdigit():
+            return None
+        held = _flocked(st)
+        return int(text) if held or (held is None and pid_alive(int(text))) else None
+
     def is_empty(self) -> bool:
         """Missing, or holding nothing but a lock file (of a training killed at its start)."""
         try:
@@ -119,6 +154,19 @@ class RunDir:
             return True
         except NotADirectoryError:
             return False
+
+
+def _flocked(st: os.stat_result) -> bool | None:
+    """Whether the file ``st`` describes is held by an ``flock`` now, from ``/proc/locks``
+    (None: the system does not tell). Read only: taking the lock to find out would make a
+    training that starts at that moment fail."""
+    try:
+        with open("/proc/locks", "rb") as f:
+            text = f.read(1 << 20).decode("ascii", "replace")
+    except OSError:
+        return None
+    want = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    return any(line.split()[1:2] == ["FLOCK"] and want in line.split() for line in text.splitlines())
 
 
 def _a_lock_file(fd: int) -> bool:
@@ -144,6 +192,11 @@ class RunLock:
     The directory (and its missing parents) is created here; :meth:`release` removes what was
     created when nothing but the lock was written (a training that failed before it began).
 
+    The path is resolved once, when the lock is taken: ``self.dir`` is the real directory that
+    was locked, and every later write goes there (through ``self.dir``), even when a symbolic
+    link on the way (``runs/current``) is repointed during the run: another run's files are
+    never written through a link that moved.
+
     ``new_run``: the lock of a new training (not a resume). When it fails before it recorded
     a step (:meth:`RunDir.has_steps`; an exception leaving the ``with`` block, or
     :meth:`discard`), everything it wrote into the directory since :meth:`acquire` is removed,
@@ -162,8 +215,10 @@ class RunLock:
         try:
             missing = [d for d in (p, *p.parents) if not d.exists()]
             p.mkdir(parents=True, exist_ok=True)
-            self._created = missing  # deepest first
-            self._before = {e.name for e in os.scandir(p)} - {LOCK}
+            # resolved once, now: the directory locked is the one written (see the docstring)
+            self.dir = RunDir(os.path.realpath(p))  # (errors below name the path as given)
+            self._created = [Path(os.path.realpath(d)) for d in missing]  # deepest first
+            self._before = {e.name for e in os.scandir(self.dir.path)} - {LOCK}
             while self._fd is None:
                 # O_NOFOLLOW: a link named .lock is refused (ELOOP, below), never truncated through
                 fd = os.open(self.dir.lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o666)

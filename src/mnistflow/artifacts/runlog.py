@@ -100,9 +100,8 @@ def read_summary(path: str | Path) -> dict | None:
     return check_summary(parsed, path)
 
 
-def _records(f: BinaryIO, path: str | Path, max_bytes: int | None) -> Iterator[tuple[bytes, dict]]:
-    """(line, record) for each line of the open metrics file ``f`` that is a JSON object. A
-    torn, undecodable or non-object line is skipped, and so is one over ``limits.MAX_METRICS_LINE``
+def _lines(f: BinaryIO, path: str | Path, max_bytes: int | None) -> Iterator[bytes]:
+    """Each line of the open metrics file ``f``, except one over ``limits.MAX_METRICS_LINE``
     (read piece by piece, never whole: a sparse file of zeros costs no memory); reading stops
     once ``max_bytes`` (None: no cap) have been read."""
     seen = 0
@@ -123,23 +122,87 @@ def _records(f: BinaryIO, path: str | Path, max_bytes: int | None) -> Iterator[t
             while line and not line.endswith(b"\n"):  # the rest of the over-long line
                 line = readline()
             continue
-        try:
-            rec = json.loads(line)
-        except (ValueError, RecursionError):
-            continue
-        if isinstance(rec, dict):
+        yield line
+
+
+def _records(f: BinaryIO, path: str | Path, max_bytes: int | None) -> Iterator[tuple[bytes, dict]]:
+    """(line, record) for each line of the open metrics file ``f`` (``_lines``) that is a JSON
+    object. A torn, undecodable or non-object line is skipped."""
+    for line in _lines(f, path, max_bytes):
+        rec = _parse(line)
+        if rec is not None:
             yield line, rec
 
 
+_KIND = b'{"kind": "'  # how the run's own records begin: their kind is read without parsing them
+MAX_KINDS = 16  # kinds of record kept apart (the run writes train, val, test, epoch)
+
+
+class _Thinned:
+    """At most ``2 * n`` of the records of one kind offered, evenly spread: every ``stride``-th,
+    the stride doubling (and every other record kept going) whenever ``2 * n`` are kept; and
+    the last one offered (a run's last step)."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.stride, self.seen = n, 1, 0
+        self.kept: list[tuple[int, dict]] = []
+        self.last: tuple[int, bytes] | None = None
+
+    def due(self, order: int, line: bytes) -> bool:
+        """Count the record at ``order``; whether it is one to keep."""
+        self.last = (order, line)
+        self.seen += 1
+        return (self.seen - 1) % self.stride == 0
+
+    def keep(self, order: int, rec: dict) -> None:
+        self.kept.append((order, rec))
+        if len(self.kept) >= 2 * self.n:
+            self.kept = self.kept[::2]
+            self.stride *= 2
+
+
+def _parse(line: bytes) -> dict | None:
+    try:
+        rec = json.loads(line)
+    except (ValueError, RecursionError):
+        return None
+    return rec if isinstance(rec, dict) else None
+
+
 def read_metrics(path: str | Path, keys: tuple[str, ...] | None = None,
-                 max_bytes: int = limits.MAX_METRICS_BYTES) -> list[dict]:
-    """The records of a metrics.jsonl (``_records``: torn, undecodable, over-long and non-object
-    lines skipped), only ``keys`` of each kept when given. A file that is not a regular one (a
-    FIFO would block) or is larger than ``max_bytes`` is refused (``fsutil.open_regular``):
-    memory stays bounded."""
+                 max_bytes: int = limits.MAX_METRICS_BYTES,
+                 max_points: int = limits.MAX_PLOT_POINTS) -> list[dict]:
+    """The records of a metrics.jsonl, in the file's order (``_records``' lines: torn,
+    undecodable, over-long and non-object ones skipped), only ``keys`` of each kept when given.
+    Read as a stream, in bounded memory: of each kind ("train", "val"...), at most
+    ``2 * max_points`` records evenly spread and its last one (a plot is a thousand pixels
+    wide; a long run logged every step has millions), and only those are parsed. A file that
+    is not a regular one (a FIFO would block) or is larger than ``max_bytes`` is refused
+    (``fsutil.open_regular``)."""
+    kinds: dict[str | None, _Thinned] = {}
     with open_regular(path, max_bytes, "a metrics log") as f:
-        return [rec if keys is None else {k: rec[k] for k in keys if k in rec}
-                for _, rec in _records(f, path, max_bytes)]
+        for order, line in enumerate(_lines(f, path, max_bytes)):
+            kind: str | None
+            rec = None
+            if line.startswith(_KIND):
+                kind = line[len(_KIND):line.find(b'"', len(_KIND))].decode("utf-8", "replace")
+            else:
+                rec = _parse(line)
+                if rec is None:
+                    continue
+                kind = rec.get("kind") if isinstance(rec.get("kind"), str) else None
+            if kind not in kinds and len(kinds) >= MAX_KINDS:
+                continue
+            bucket = kinds.setdefault(kind, _Thinned(max_points))
+            if bucket.due(order, line) and (rec := rec or _parse(line)) is not None:
+                bucket.keep(order, rec)
+    for bucket in kinds.values():  # each kind's last record, if the stride passed it by
+        if bucket.last is not None and (not bucket.kept or bucket.kept[-1][0] != bucket.last[0]):
+            rec = _parse(bucket.last[1])
+            if rec is not None:
+                bucket.kept.append((bucket.last[0], rec))
+    ordered = sorted((kept for b in kinds.values() for kept in b.kept), key=lambda kept: kept[0])
+    return [rec if keys is None else {k: rec[k] for k in keys if k in rec} for _, rec in ordered]
 
 
 def truncate_metrics(path: str | Path, step: int) -> None:
@@ -262,5 +325,6 @@ def end_of_run_table(s: dict, target: float | None) -> str:
                                                      if s.get("tta") and s["test_acc"] is not None else "")),
              ("run directory", s["run_dir"])]
     w = max(len(k) for k, _ in rows)
-    line = "-" * (w + 3 + max(len(v) for _, v in rows))
+    # (at most 80 wide: a long run directory wraps under its name on a terminal, a rule cannot)
+    line = "-" * min(80, w + 3 + max(len(v) for _, v in rows))
     return "\n".join([line] + [f"{k:<{w}}   {v}" for k, v in rows] + [line])

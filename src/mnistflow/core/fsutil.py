@@ -1,5 +1,7 @@
 """Files written whole or not at all (a temporary file in the same directory, fsync, rename,
-fsync the directory), and their checksums; and THE check before an input file is read
+fsync the directory), and their checksums; the temporary names, each naming its owner
+process, and the sweep of those a killed process left (``temp_name``, ``sweep_stale``); and
+THE check before an input file is read
 (``regular_file`` / ``open_regular`` / ``read_regular``): a regular file of at most N bytes.
 
 A failed write (disk full, a read-only file system, no permission, a path of the wrong
@@ -14,7 +16,10 @@ import hashlib
 import os
 import re
 import secrets
+import shutil
+import socket
 import stat
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
@@ -80,6 +85,120 @@ def remove_empty(folders: list[Path]) -> None:
             pass
 
 
+# --- temporary names: each names its owner process; what a gone owner left is swept ----------------
+#
+# ``.NAME.tmp-HOST-PID-HEX``: what is being written as NAME (a file or a folder), renamed to NAME
+# when whole; ``.NAME.old-HOST-PID-HEX``: NAME moved aside while its replacement goes in. A
+# process killed in between leaves them; the next writer in the folder (any of checkpoints,
+# report, prep, export) removes those whose owner is gone (``sweep_stale``).
+
+STALE_AFTER_S = 24 * 3600  # left over whoever made it: another host's, or an unnamed one, this old
+_LEFTOVER = re.compile(r"^\.(?P<name>.+)\.(?P<kind>tmp|old)-(?:(?P<host>[A-Za-z0-9.]+)-(?P<pid>\d+)"
+                       r"(?:-[^-]*)?|[^-]*)$")
+_UNNAMED = re.compile(r"^\.(?P<name>.+)\.[0-9a-f]{16}\.tmp$")  # an older mnistflow's: no owner in it
+
+
+def owner() -> str:
+    """HOST-PID of this process, as its temporary names hold it."""
+    host = re.sub(r"[^A-Za-z0-9.]", "", socket.gethostname())[:40] or "host"
+    return f"{host}-{os.getpid()}"
+
+
+def temp_name(path: str | Path, kind: str = "tmp") -> Path:
+    """A new name beside ``path`` for it while it is written (``tmp``) or moved aside (``old``),
+    naming this process: ``.NAME.tmp-HOST-PID-HEX``."""
+    path = Path(path)
+    return path.parent / f".{path.name}.{kind}-{owner()}-{secrets.token_hex(4)}"
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # EPERM: it exists, owned by someone else
+        return True
+    return True
+
+
+def _stale(p: Path, m: re.Match | None, locked: bool, max_age_s: float) -> bool:
+    """Whether the leftover ``p`` (``m``: its name parsed by ``_LEFTOVER``) has no live owner:
+    this host's process is gone; another host's (or an unnamed one) is over ``max_age_s`` old.
+    ``locked``: the folder is held by this process (a run's checkpoints/): everything is."""
+    if locked:
+        return True
+    if m is not None and m["pid"] is not None and m["host"] == owner().rsplit("-", 1)[0]:
+        return int(m["pid"]) != os.getpid() and not pid_alive(int(m["pid"]))
+    try:
+        return time.time() - p.lstat().st_mtime > max_age_s
+    except OSError:
+        return False
+
+
+def sweep_stale(folder: str | Path, name: str | None = None, *, locked: bool = False,
+                max_age_s: float = STALE_AFTER_S) -> list[Path]:
+    """Remove the temporary names (``temp_name``) in ``folder`` whose owner is gone, whatever
+    name they were written for; and, for ``name`` (the one the caller writes), an older
+    mnistflow's names without an owner, once over ``max_age_s`` old (a name without its owner
+    could be a user's file: only a writer of that name judges it). A ``.tmp`` goes; an ``.old``
+    is put back when its NAME is missing (its owner was killed between its two renames: the old
+    one is the live one), else goes. ``locked``: the folder is this process's (a run's
+    checkpoints/, under the run's lock): every temporary name in it is stale. Links are never
+    touched. Returns what went (or was put back)."""
+    folder = Path(folder)
+    gone = []
+    try:
+        entries = list(folder.iterdir())
+    except OSError:
+        return gone
+    for p in entries:
+        m = _LEFTOVER.match(p.name)
+        u = None if m else _UNNAMED.match(p.name)
+        owned = m is not None and m["pid"] is not None
+        if (m or u) is None or p.is_symlink() or not (owned or locked or (m or u)["name"] == name):
+            continue
+        if not _stale(p, m, locked, max_age_s):
+            continue
+        target = folder / (m or u)["name"]
+        try:
+            if m is not None and m["kind"] == "old" and not os.path.lexists(target):
+                os.replace(p, target)
+            elif p.is_dir():
+                shutil.rmtree(p, ignore_errors=True)
+            else:
+                p.unlink()
+        except OSError:
+            continue
+        gone.append(p)
+    return gone
+
+
+def _write_temp(path: Path, write: Callable[[object], None]) -> Path:
+    """``write(f)`` on a new temporary file beside ``path`` (``temp_name``), flushed to disk;
+    returns its name. Nothing is left of a failure."""
+    # Named before it exists: an interruption (Ctrl-C, SIGTERM) landing just after the file
+    # is created still finds it bound for the cleanup below (mkstemp's return would be lost).
+    tmp = temp_name(path)
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o600)
+        with os.fdopen(fd, "wb") as f:
+            os.fchmod(f.fileno(), file_mode())
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+    except BaseException:
+        _unlink(tmp)
+        raise
+    return tmp
+
+
+def _unlink(p: Path) -> None:
+    try:
+        os.unlink(p)
+    except OSError:
+        pass
+
+
 def atomic_write(path: str | Path, write: Callable[[object], None]) -> None:
     """Call ``write(f)`` on a temporary binary file, then move it to ``path`` atomically.
 
@@ -88,28 +207,73 @@ def atomic_write(path: str | Path, write: Callable[[object], None]) -> None:
     created = make_dirs(path.parent)
     tmp = None
     try:
-        # Named before it exists: an interruption (Ctrl-C, SIGTERM) landing just after the file
-        # is created still finds it bound for the cleanup below (mkstemp's return would be lost).
-        tmp = path.parent / f".{path.name}.{secrets.token_hex(8)}.tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o600)
-        with os.fdopen(fd, "wb") as f:
-            os.fchmod(f.fileno(), file_mode())
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
+        tmp = _write_temp(path, write)
         os.replace(tmp, path)
         tmp = None
         fsync_dir(path.parent)
     except BaseException as e:
         if tmp is not None:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
+            _unlink(tmp)
         remove_empty(created)
         if isinstance(e, OSError):
             raise os_error(e, path) from e
         raise
+
+
+def replace_together(files: dict[Path, bytes]) -> None:
+    """Write several files that belong together (a model and its int8 twin): each whole under
+    a temporary name first, then all renamed into place; when one cannot be (no permission, an
+    immutable file, a full disk), those already renamed get their earlier file back (or go,
+    when there was none), so the names never hold a mix of this write and the one before.
+    (A kill -9 between two renames, a few microseconds, can still leave a mix.) An
+    ``OSError`` is one ``MnistflowError`` naming the file."""
+    paths = [Path(p) for p in files]
+    created = [d for p in paths for d in make_dirs(p.parent)]
+    temps: dict[Path, Path] = {}
+    saved: dict[Path, Path] = {}  # the earlier file of each name, kept under an "old" name
+    done: list[Path] = []
+    at = paths[0]
+    try:
+        for at in paths:
+            temps[at] = _write_temp(at, lambda f, data=files[at]: f.write(data))
+        for at in paths:
+            if os.path.lexists(at):
+                saved[at] = _keep_old(at)
+        for at in paths:
+            os.replace(temps[at], at)
+            del temps[at]
+            done.append(at)
+        for p in {p.parent for p in paths}:
+            fsync_dir(p)
+    except BaseException as e:
+        for p in done:  # back as they were
+            try:
+                if p in saved:
+                    os.replace(saved.pop(p), p)
+                else:
+                    os.unlink(p)
+            except OSError:
+                pass
+        for tmp in temps.values():
+            _unlink(tmp)
+        remove_empty(created)
+        if isinstance(e, OSError):
+            raise os_error(e, at) from e
+        raise
+    finally:
+        for old in saved.values():
+            _unlink(old)
+
+
+def _keep_old(path: Path) -> Path:
+    """A second name for the file at ``path`` (a hard link; a copy where links are refused),
+    so it can be put back."""
+    old = temp_name(path, "old")
+    try:
+        os.link(path, old, follow_symlinks=False)
+    except OSError:
+        shutil.copy2(path, old, follow_symlinks=False)
+    return old
 
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:

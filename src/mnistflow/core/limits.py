@@ -51,7 +51,11 @@ MAX_NPZ_BYTES = 4 << 30  # all arrays of one npz together, as their headers decl
 MAX_NPZ_FILE_BYTES = MAX_NPZ_BYTES + (64 << 20)  # the npz file: its arrays, headers, zip directory
 MAX_ONNX_VALUES = 1 << 30  # initializer elements of one ONNX model, all together
 MAX_RUN_FILE_BYTES = 4 << 20  # summary.json or config.toml read back (a few KiB as written)
-MAX_METRICS_BYTES = 64 << 20  # metrics.jsonl: ~250,000 logged steps
+# metrics.jsonl as a report reads it: streamed (~4 million logged steps), and of each kind of
+# record at most 2 x MAX_PLOT_POINTS kept, evenly spread (a plot is a thousand pixels wide)
+MAX_METRICS_BYTES = 1 << 30
+MAX_PLOT_POINTS = 2048
+MAX_COMPARE_RUNS = 32  # runs one report compares (--compare): each held, thinned, at once
 MAX_METRICS_LINE = 1 << 20  # bytes of one metrics.jsonl record; a longer line is not one of ours
 MAX_TOML_BYTES = 1 << 20  # a --config file (a few hundred bytes)
 
@@ -65,6 +69,19 @@ MAX_FORM_FIELD_BYTES = 64 << 10  # one text field of a multipart upload
 # most active channels of wider layers), and of one /api/kernel answer: seed-cnn's hold ~63,000
 MAX_LAYER_VALUES = 1 << 21
 
+# --- issue 40 (server): connections and decode cost -------------------------------------------
+# a request's line and headers (default of ``server.guard.Limits.max_header_bytes``; 431 past it):
+# a browser's are a few KB; h11 allows 16 KiB, nginx 4 x 8 KiB
+MAX_HEADER_BYTES = 32 << 10
+MAX_PIPELINED = 64  # requests one connection may send ahead of the answer in progress (closed past it)
+# after refusing a request whose body is still arriving, the server reads and discards this much
+# for this long before closing (a client that sends the whole body first then reads the answer)
+LINGER_BYTES = 64 << 20
+LINGER_SECONDS = 2.0
+# scans (SOS markers) of one JPEG, counted before decoding: each scan is a pass over the whole
+# image (93,000 scans in 2 MB cost 48 s); libjpeg writes 6 to 10 for a progressive picture
+MAX_JPEG_SCANS = 100
+
 # --- the command line and the environment ---------------------------------------------------
 MAX_INT = 2**63 - 1  # an integer flag or config.toml value with no smaller bound: 64 bits, as TOML's
 # --seed (train, prep): seeds derived from it (seed * 1_000_003 + epoch, ...) stay inside the
@@ -74,3 +91,36 @@ MAX_THREADS = 1024  # --threads, $MNISTFLOW_THREADS: intra-op threads; more is a
 MAX_LOCAL_PROCESSES = 1024  # processes on one machine: --nproc, torchrun's $LOCAL_WORLD_SIZE
 MAX_WORLD_SIZE = 1 << 20  # processes of one run on all machines: torchrun's $WORLD_SIZE
 MAX_DIST_TIMEOUT_S = 7 * 24 * 3600.0  # $MNISTFLOW_DIST_TIMEOUT, a week: inf or 1e30 would overflow the timer
+MAX_RESTARTS = 10_000  # --max-restarts: restarts of the --nproc group (torchrun's own flag has no bound)
+
+# --- issue 40 (dl): downloads, foreign ONNX graphs -----------------------------------------
+# Downloads (``data.known.download``). A file's own size is in the dataset table
+# (``data.known.RemoteFile.size``); a file the table gives no size (a toy dataset in the tests)
+# may hold twice the largest known file, EMNIST's 561,753,746-byte zip.
+MAX_DOWNLOAD_BYTES = 2 * 561_753_746
+MAX_DOWNLOAD_RESUMES = 20  # tries at one mirror that ended after new bytes (each resumed at once)
+MIN_DOWNLOAD_RATE = 4096  # bytes/s over each timeout window ($MNISTFLOW_DOWNLOAD_TIMEOUT): slower is a stall
+# ONNX graphs (``artifacts.onnx_check``): the operators a model file may use: those mnistflow's
+# exports hold (every registered model, ensemble and layer spec, float and int8:
+# tests/integration/test_export.py checks it), then common stateless layers a custom model
+# exports. No control flow (Loop, Scan, If), no operator whose output size comes from a
+# tensor's values at run time (ConstantOfShape, Expand, Tile, Range, Resize, NonZero, ...).
+ONNX_OPS = frozenset((
+    "Add", "AveragePool", "BatchNormalization", "Conv", "DequantizeLinear", "Div", "Gelu", "Gemm",
+    "Log", "MaxPool", "Mul", "QuantizeLinear", "ReduceMean", "Relu", "Reshape", "Sigmoid", "Softmax",
+    "Tanh", "Transpose",  # the exports'
+    "Abs", "Clip", "Concat", "Dropout", "Elu", "Erf", "Exp", "Flatten", "GlobalAveragePool",
+    "GlobalMaxPool", "HardSigmoid", "HardSwish", "Identity", "LayerNormalization", "LeakyRelu",
+    "LogSoftmax", "MatMul", "Max", "Min", "Neg", "Pad", "PRelu", "Selu", "Softplus", "Sqrt",
+    "Squeeze", "Sub", "Unsqueeze",
+))
+# Every tensor's shape is inferred before the graph runs. For one image (and again for the
+# tensors computed from the weights alone), at most: the largest export (resnet-small, 3x32x32)
+# needs 664,000 values and 106 million operations an image.
+MAX_ONNX_IMAGE_VALUES = 1 << 26  # values of all its tensors together
+MAX_ONNX_IMAGE_OPS = 1 << 34  # multiply-adds (convolutions, matrix products) and other operations
+# One onnxruntime call takes at most as many images as keep it under these, and is stopped
+# after MAX_ONNX_RUN_SECONDS (its terminate flag; a server stops it at its work deadline).
+MAX_ONNX_BATCH_VALUES = 1 << 28  # ~1 GiB of float32 tensors
+MAX_ONNX_BATCH_OPS = 1 << 36  # resnet-small: 528 images, ~6 s on one busy core
+MAX_ONNX_RUN_SECONDS = 120.0

@@ -30,8 +30,9 @@ DRAWS = 3  # random numbers per image that shift_rotate takes from its generator
 CROP_PAD = 4
 
 
-def _rotate_shift(x: torch.Tensor, r: torch.Tensor, max_shift: float, max_degrees: float) -> torch.Tensor:
-    """Rotate and translate each image of ``x`` by its row of ``r`` (N, 3) in [-1, 1)."""
+def _affine_grid(x: torch.Tensor, r: torch.Tensor, max_shift: float, max_degrees: float) -> torch.Tensor:
+    """The sampling grid (N, H, W, 2) that rotates and translates each image of ``x`` by its
+    row of ``r`` (N, 3) in [-1, 1)."""
     h, w = x.shape[-2:]
     r = r.to(x.device)
     ang = r[:, 0] * math.radians(max_degrees)
@@ -40,7 +41,28 @@ def _rotate_shift(x: torch.Tensor, r: torch.Tensor, max_shift: float, max_degree
     tx = r[:, 1] * max_shift * 2 / w
     ty = r[:, 2] * max_shift * 2 / h
     theta = torch.stack([torch.stack([cos, -sin, tx], 1), torch.stack([sin, cos, ty], 1)], 1)
-    grid = F.affine_grid(theta.to(x.dtype), list(x.shape), align_corners=False)
+    return F.affine_grid(theta.to(x.dtype), list(x.shape), align_corners=False)
+
+
+def _rotate_shift(x: torch.Tensor, r: torch.Tensor, max_shift: float, max_degrees: float) -> torch.Tensor:
+    """Rotate and translate each image of ``x`` by its row of ``r`` (N, 3) in [-1, 1)."""
+    grid = _affine_grid(x, r, max_shift, max_degrees)
+    return F.grid_sample(x, grid, mode="bilinear", padding_mode="zeros", align_corners=False)
+
+
+ELASTIC_POINTS = 4  # control points per side of the random displacement field
+ELASTIC_PIXELS = 2.0  # the largest displacement of a control point, in pixels
+
+
+def _elastic(x: torch.Tensor, r: torch.Tensor, field: torch.Tensor) -> torch.Tensor:
+    """``_rotate_shift`` plus an elastic distortion (Simard et al., 2003): each image's coarse
+    random displacement ``field`` (N, 2, P, P) in [-1, 1), bicubically smoothed to every pixel
+    (the cheap equivalent of a Gaussian-filtered per-pixel field), added to the affine grid."""
+    h, w = x.shape[-2:]
+    grid = _affine_grid(x, r, 2.0, 10.0)
+    disp = F.interpolate(field.to(x.device, x.dtype), size=(h, w), mode="bicubic", align_corners=True)
+    scale = torch.tensor([2 * ELASTIC_PIXELS / w, 2 * ELASTIC_PIXELS / h], device=x.device, dtype=x.dtype)
+    grid = grid + disp.permute(0, 2, 3, 1) * scale
     return F.grid_sample(x, grid, mode="bilinear", padding_mode="zeros", align_corners=False)
 
 
@@ -136,6 +158,15 @@ def _glyphs_apply(x, d, fill):
     return _rotate_shift(x, d[0], 2.0, 10.0)
 
 
+def _elastic_draw(n, h, w, gen):
+    r = torch.rand(n, DRAWS, generator=gen, device="cpu") * 2 - 1
+    return r, torch.rand(n, 2, ELASTIC_POINTS, ELASTIC_POINTS, generator=gen, device="cpu") * 2 - 1
+
+
+def _elastic_apply(x, d, fill):
+    return _elastic(x, d[0], d[1])
+
+
 def _shifts_draw(n, h, w, gen):
     return (torch.randint(0, 2 * _shift_pad(h, w) + 1, (n, 2), generator=gen),)
 
@@ -170,6 +201,8 @@ def _photos_apply(x, d, fill):
 
 POLICIES: dict[str, Policy] = {p.name: p for p in (
     Policy("glyphs", "small shifts (2 px) and rotations (10 degrees), never flips", _glyphs_draw, _glyphs_apply),
+    Policy("elastic", "glyphs' shifts and rotations plus elastic distortion (2 px), never flips",
+           _elastic_draw, _elastic_apply),
     Policy("clothing", "horizontal flips and shifted crops (2 px)", _clothing_draw, _clothing_apply, mirror=True),
     Policy("photos", "padded crops (4 px), horizontal flips and cutout", _photos_draw, _photos_apply, mirror=True),
     Policy("shifts", "shifts of a few pixels only (no flips, no rotations)", _shifts_draw, _shifts_apply),

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -162,7 +163,15 @@ def check_room(out: Path, raw: RawDataset, variants: int) -> None:
     need = sum(part.x.nbytes + part.y.nbytes for part in (raw.train, raw.val, raw.test) if part is not None)
     need += variants * raw.train.x.nbytes
     where = next((p for p in (out, *out.parents) if p.exists()), Path.cwd())
-    free = shutil.disk_usage(where).free
+    if not where.is_dir():
+        raise MnistflowError("not a directory (the records go in a folder)", where)
+    usage = shutil.disk_usage(where)
+    if usage.total == 0 or not os.access(where, os.W_OK | os.X_OK):  # /proc, a read-only mount...
+        why = ("is on a file system that holds no files (like /proc)" if usage.total == 0 else
+               "cannot be written (a read-only file system, or no permission)")
+        raise MnistflowError(f"the records cannot go here: {where} {why}"
+                             + ("; set $MNISTFLOW_HOME to a writable folder" if _is_our_cache(out) else ""), out)
+    free = usage.free
     if need > free:
         raise MnistflowError(f"the records need ~{need / 2**30:.2f} GiB ({variants} augmented copies of "
                              f"train); {free / 2**30:.2f} GiB are free there", out)

@@ -1,8 +1,9 @@
 """Writing a record set (the format: ``records``): once, atomically.
 
-The directory is built under a temporary name next to DIR (``.DIR.tmp-HOST-PID-*``) and
-renamed into place, so a crash never leaves a half-written record set behind; what a killed
-``prep`` left there (its owner is gone, or it is over a day old) is removed by the next one.
+The directory is built under a temporary name next to DIR (``.DIR.tmp-HOST-PID-*``:
+``fsutil.temp_name``) and renamed into place, so a crash never leaves a half-written record
+set behind; what a killed writer left in that folder (its owner is gone, or it is over a day
+old) is removed by the next one (``fsutil.sweep_stale``).
 While it writes, SIGTERM unwinds like Ctrl-C so that the temporary directory goes too. A
 write that fails (disk full, read-only) is one line naming DIR, with nothing left behind.
 Only a record set is ever replaced: a file or a folder of other files at DIR is refused,
@@ -13,25 +14,18 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
-import secrets
 import shutil
 import signal
-import socket
 import threading
-import time
 from pathlib import Path
 from typing import Iterator
 
 import numpy as np
 
 from mnistflow.core.errors import MnistflowError, fail, os_error
-from mnistflow.core.fsutil import fsync_dir, make_dirs, remove_empty, sha256_file
+from mnistflow.core.fsutil import fsync_dir, make_dirs, remove_empty, sha256_file, sweep_stale, temp_name
 from mnistflow.data.formats.raw import RawDataset, check_labels
 from mnistflow.data.records import FORMAT_VERSION, is_record_set, meta_checksum, read_meta
-
-STALE_AFTER_S = 24 * 3600  # a temporary record set this old is left over whoever made it
-
 
 def _save_npy(folder: Path, name: str, arr: np.ndarray, checksums: dict[str, str]) -> None:
     """``np.save``'s bytes, written by Python so that a full disk is ENOSPC (numpy's own
@@ -111,10 +105,10 @@ def write_records(raw: RawDataset, out: Path, *, key: str, options: dict,
     with _sigterm_as_exit():
         tmp = None
         try:
-            sweep_stale(out)
+            sweep_stale(out.parent, out.name)  # what killed writers left here, of any name
             # Named before it exists: a SIGTERM landing just after the mkdir still finds it bound
             # for the cleanup below (mkdtemp's return value would be lost, the folder left).
-            tmp = out.parent / f".{out.name}.tmp-{_owner()}-{secrets.token_hex(4)}"
+            tmp = temp_name(out)
             os.mkdir(tmp)  # the mode mkdir gives: 0777 less the umask
             _write(raw, out, tmp, tr_idx, va_idx, key=key, options=options,
                    source_checksums=source_checksums, val_size=val_size, seed=seed,
@@ -243,58 +237,6 @@ def check_classes(raw: RawDataset, labels: dict[str, np.ndarray], val_size: int)
     return values
 
 
-def _owner() -> str:
-    """HOST-PID of this process, as it appears in its temporary names."""
-    host = re.sub(r"[^A-Za-z0-9.]", "", socket.gethostname())[:40] or "host"
-    return f"{host}-{os.getpid()}"
-
-
-_LEFTOVER = re.compile(r"^\.(?P<name>.+)\.(?P<kind>tmp|old)-(?:(?P<host>[A-Za-z0-9.]+)-(?P<pid>\d+)(?:-[^-]*)?|[^-]*)$")
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # EPERM: it exists, owned by someone else
-        return True
-    return True
-
-
-def sweep_stale(out: Path, max_age_s: float = STALE_AFTER_S) -> list[Path]:
-    """Remove what killed writers of ``out`` left next to it: ``.OUT.tmp-*`` (half-written
-    record sets) and ``.OUT.old-*`` (a replaced set, put back when OUT itself is missing),
-    when their owner process on this host is gone, or they are older than ``max_age_s``
-    (another host's, or an older mnistflow's unnamed ones after a day). Returns what went."""
-    out = Path(out)
-    here = _owner().rsplit("-", 1)[0]
-    gone = []
-    try:
-        entries = list(out.parent.iterdir())
-    except OSError:
-        return gone
-    for p in entries:
-        m = _LEFTOVER.match(p.name)
-        if not m or m["name"] != out.name or p.is_symlink() or not p.is_dir():
-            continue
-        if m["pid"] is not None and m["host"] == here:
-            stale = int(m["pid"]) != os.getpid() and not _alive(int(m["pid"]))
-        else:
-            try:
-                stale = time.time() - p.stat().st_mtime > max_age_s
-            except OSError:
-                continue
-        if not stale:
-            continue
-        if m["kind"] == "old" and not out.exists() and (p / "meta.json").is_file():
-            os.replace(p, out)  # killed between the two renames: the old set is the live one
-        else:
-            shutil.rmtree(p, ignore_errors=True)
-        gone.append(p)
-    return gone
-
-
 @contextlib.contextmanager
 def _sigterm_as_exit() -> Iterator[None]:
     """While records are written, SIGTERM (``kill``, a closing terminal, a job scheduler)
@@ -320,7 +262,7 @@ def _replace_dir(tmp: Path, out: Path, force: bool, name: str) -> None:
     away only after success."""
     if os.path.lexists(out):
         check_replaceable(out, name, force)  # again: another prep may have written it meanwhile
-        old = out.with_name(f".{out.name}.old-{_owner()}")
+        old = temp_name(out, "old")
         os.rename(out, old)
         os.rename(tmp, out)
         if old.is_symlink():

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import inspect
+import re
 from dataclasses import dataclass
 from typing import Callable, TypeVar, overload
 
@@ -20,6 +21,7 @@ class ModelEntry:
 
 
 _REGISTRY: dict[str, ModelEntry] = {}
+MAX_NAME = 64  # characters of a registered model's name
 _Factory = TypeVar("_Factory", bound=Callable[..., nn.Module])
 
 
@@ -29,17 +31,42 @@ def register_model(fn: _Factory, *, name: str | None = None) -> _Factory: ...
 def register_model(fn: None = None, *, name: str | None = None) -> Callable[[_Factory], _Factory]: ...
 def register_model(fn: _Factory | None = None, *,
                    name: str | None = None) -> _Factory | Callable[[_Factory], _Factory]:
-    """Decorator: register ``fn`` under ``name`` (default: the function name, '_' -> '-')."""
+    """Decorator: register ``fn`` under ``name`` (default: the function name, '_' -> '-').
+    A factory that is not callable, or a name that ``--model`` could not say (``_check_name``),
+    is one ``MnistflowError``."""
 
     def wrap(f):
-        key = name or f.__name__.replace("_", "-")
+        if not callable(f):
+            raise MnistflowError(f"register_model takes a model class or factory, not {type(f).__name__} "
+                                 f"{_short(repr(f), 40)}")
+        key = name if name is not None else getattr(f, "__name__", "").replace("_", "-")
+        _check_name(key)
         if key in _REGISTRY:
-            raise ValueError(f"model '{key}' registered twice")
+            raise MnistflowError(f"model '{key}' registered twice")
         summary = inspect.cleandoc(f.__doc__ or "").split("\n\n")[0]  # the first paragraph
         _REGISTRY[key] = ModelEntry(key, f, " ".join(summary.split()))
         return f
 
     return wrap(fn) if fn is not None else wrap
+
+
+_NAME_CHARS = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+
+
+def _check_name(key: object) -> None:
+    """A model name ``--model`` can say and nothing else means: letters, digits and ``_.-``
+    (no space, no ',' of a layer spec, no ':' of package.module:name), not ``NAME-xK`` (an
+    ensemble) and not a layer spec (``conv5x5x32``)."""
+    from mnistflow.models.spec import looks_like_spec
+
+    if not isinstance(key, str) or not key:
+        raise MnistflowError(f"a model name is a non-empty string, not {key!r}")
+    why = (f"a model name takes letters, digits and _ . - only, at most {MAX_NAME} characters"
+           if not _NAME_CHARS.fullmatch(key) or len(key) > MAX_NAME else
+           "it names an ensemble (NAME-xK)" if parse_name(key) else
+           "it reads as a layer spec" if looks_like_spec(key) else None)
+    if why:
+        raise MnistflowError(f"cannot register a model as {_short(key)!r}: {why}")
 
 
 def list_models() -> list[str]:
@@ -113,6 +140,11 @@ def parameter_count(name: str, shape: tuple[int, int, int], classes: int) -> int
 
 
 def check_trainable(model: nn.Module, name: str) -> None:
-    """A model with no parameters has nothing to train (and no device to read them from)."""
-    if next(model.parameters(), None) is None:
+    """A model with no parameters, or with every one frozen (``requires_grad=False``), has
+    nothing to train (and no device to read them from)."""
+    params = list(model.parameters())
+    if not params:
         raise MnistflowError(f"model {name} has no parameters: there is nothing to train")
+    if not any(p.requires_grad for p in params):
+        raise MnistflowError(f"model {name} has every parameter frozen (requires_grad=False, all "
+                             f"{len(params)}): there is nothing to train")

@@ -27,7 +27,6 @@ imported only here; the PNGs are drawn by its Agg renderer (no display needed).
 from __future__ import annotations
 
 import os
-import secrets
 import shutil
 import stat
 from pathlib import Path
@@ -35,6 +34,7 @@ from typing import Iterable
 
 from mnistflow.artifacts.rundir import RunDir
 from mnistflow.artifacts.runlog import load_run
+from mnistflow.core import limits
 from mnistflow.core.errors import MnistflowError, os_error
 from mnistflow.core.progress import stages
 from mnistflow.reporting.page import HTML_FILE, render_html
@@ -105,7 +105,7 @@ def _publish(folder: Path, files: dict[str, bytes], named: bool, force: bool) ->
     """Write ``files`` into a temporary sibling of ``folder``, then move them into place: the
     whole folder at once when there is none (or an empty one), else file by file, the page last
     (and an earlier report's PNGs that this one lacks removed). Nothing is left of a failure."""
-    from mnistflow.core.fsutil import file_mode, fsync_dir, make_dirs, remove_empty
+    from mnistflow.core.fsutil import file_mode, fsync_dir, make_dirs, remove_empty, sweep_stale, temp_name
 
     held = _check_out(folder, force) if named else _holds(folder)
     real = Path(os.path.realpath(folder))  # a symlinked folder: its files move in its own file system
@@ -113,7 +113,8 @@ def _publish(folder: Path, files: dict[str, bytes], named: bool, force: bool) ->
         if (real / name).is_dir() and not (real / name).is_symlink():
             raise MnistflowError("is a directory, not a file; not replaced", folder / name)
     created = make_dirs(real.parent)
-    tmp = real.parent / f".{real.name}.{secrets.token_hex(8)}.tmp"
+    sweep_stale(real.parent, real.name)  # what a killed report (or another writer) left here
+    tmp = temp_name(real)
     try:
         os.mkdir(tmp)
         try:
@@ -155,6 +156,9 @@ def build_report(run_dir: str | Path, out: str | Path | None = None, compare: It
                  threads: int | None = None, force: bool = False) -> tuple[Path, list[Path]]:
     """Write the PNGs and the HTML page; returns (the page, the PNGs). ``out``: see the
     module's docstring (``force`` writes into an ``out`` that is not empty)."""
+    compare = list(compare)
+    if len(compare) > limits.MAX_COMPARE_RUNS:  # each is held at once (its curves thinned: load_run)
+        raise MnistflowError(f"--compare takes at most {limits.MAX_COMPARE_RUNS} runs, got {len(compare)}")
     run = load_run(run_dir)
     folder = Path(out) if out is not None else RunDir(run.path).report
     if out is not None:

@@ -14,3 +14,13 @@ def profiler_enabled() -> bool:
 def set_recompile_logs() -> None:
     """Report each ``torch.compile`` recompilation with its reason (``TORCH_LOGS=recompiles``)."""
     torch._logging.set_logs(recompiles=True)
+
+
+def inductor_cache_dir() -> str:
+    """Where ``torch.compile`` (inductor) writes the code it generates: $TORCHINDUCTOR_CACHE_DIR,
+    else its default under the temporary directory."""
+    import os
+
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    return os.environ.get("TORCHINDUCTOR_CACHE_DIR") or default_cache_dir()

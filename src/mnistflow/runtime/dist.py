@@ -2,7 +2,7 @@
 
     torchrun --standalone --nproc_per_node 2 -m mnistflow train --recipe seed-cnn
     torchrun --nnodes 2 --node_rank 0 --rdzv_endpoint HOST:29500 --nproc_per_node 4 -m mnistflow train ...
-    mnistflow train --nproc 2 ...      # the same as the first line, for one machine
+    mnistflow train --nproc 2 --max-restarts 3 ...   # the first line, for one machine, restarting
 
 Each rank reads its own interleaved shard of every epoch's order; DistributedDataParallel
 averages gradients, so the global batch is per-rank batch x world size. Only rank 0 prints,
@@ -20,12 +20,10 @@ import datetime
 import gc
 import math
 import os
-import shutil
 import signal
-import subprocess
 import sys
 from dataclasses import dataclass
-from typing import Iterator, TypeVar
+from typing import Iterator, TypeVar, overload
 
 import torch
 import torch.distributed as tdist
@@ -41,6 +39,8 @@ DEFAULT_TIMEOUT_S = 60.0
 # Small CPU-side collectives (stop flags, barriers, objects) go through a gloo group: with
 # NCCL as the default backend they would otherwise need a GPU tensor and a device sync.
 _control = None
+_store = None  # the job's store (``job_store``), connected once per process
+LAUNCHER_ENV = "MNISTFLOW_LAUNCHER_PID"  # set by ``launch_local``: the workers' parent
 
 
 @dataclass(frozen=True)
@@ -120,22 +120,66 @@ def init(device_kind: str) -> DistInfo:
     return dataclasses.replace(info, backend=backend)
 
 
+def job_store():
+    """The key-value store torchrun's agents keep for the whole job, through all its restarts
+    (``--max-restarts``, a machine leaving or joining), or None when no torchrun agent started
+    this process. Connected once per process (it holds no state of its own)."""
+    global _store
+    if _store is None and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        addr, port = os.environ.get("MASTER_ADDR", ""), os.environ.get("MASTER_PORT", "")
+        try:
+            _store = tdist.TCPStore(addr, int(port), is_master=False,
+                                    timeout=datetime.timedelta(seconds=timeout_s()))
+        except (ValueError, RuntimeError, OSError) as e:  # gone, refused, a bad port
+            first = next((ln.strip() for ln in str(e).splitlines() if ln.strip()), type(e).__name__)
+            raise CommFailure(f"cannot reach the job's store at {addr}:{port} that torchrun named "
+                              f"(MASTER_ADDR, MASTER_PORT): {first[:200]}") from None
+    return _store
+
+
 def _join(backend: str, info: DistInfo, timeout: datetime.timedelta) -> None:
-    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+    store = job_store()
+    if store is None:
         tdist.init_process_group(backend, timeout=timeout)
         return
-    # torchrun's agents keep one store for the whole job: after a failure (--max-restarts)
-    # the new processes would find the failed attempt's keys there (the addresses of dead
-    # processes), so each attempt joins under its own key prefix. The attempt is counted per
-    # rank in the store: TORCHELASTIC_RESTART_COUNT is not agreed on across machines (under
-    # the c10d rendezvous a node whose process was still running when a peer failed restarts
-    # without counting it). Every rank joins once per attempt, so the counts agree.
-    from torch.distributed.rendezvous import rendezvous
+    # The job's store outlives each attempt (torchrun restarts, nodes leaving or joining): the
+    # new processes would find the failed attempt's keys there (the addresses of dead
+    # processes), so each attempt joins under its own key prefix. TORCHELASTIC_RESTART_COUNT
+    # cannot name it: under the c10d rendezvous a machine whose processes were still running
+    # when a peer failed restarts them without counting. So each rank counts its own joins,
+    # per world size: the ranks of an attempt of world size W are exactly 0..W-1, each joining
+    # once, so their counts agree (a machine that left and came back skipped the same attempts).
+    w = info.world_size
+    attempt = store.add(f"mnistflow/joins/world{w}/rank{info.rank}", 1)
+    tdist.init_process_group(backend, store=tdist.PrefixStore(f"mnistflow/world{w}/attempt{attempt}/", store),
+                             rank=info.rank, world_size=w, timeout=timeout)
 
-    store, _, _ = next(rendezvous("env://", timeout=timeout))
-    attempt = store.add(f"mnistflow/joins/rank{info.rank}", 1)
-    tdist.init_process_group(backend, store=tdist.PrefixStore(f"mnistflow/attempt{attempt}/", store),
-                             rank=info.rank, world_size=info.world_size, timeout=timeout)
+
+# Sent to a process under torchrun when its agent dies (``die_with_parent``): not SIGTERM, which
+# a dying multi-threaded parent delivers once per thread (the child is handed from thread to
+# thread as each exits), and a second SIGTERM means "stop at once, unsaved" to a training.
+PARENT_DEATH_SIGNAL = getattr(signal, "SIGUSR2", None)
+
+
+def die_with_parent() -> None:
+    """Under torchrun: end this process when the agent that started it dies, even by ``kill -9``,
+    never left training alone in the background: ``PARENT_DEATH_SIGNAL`` (``prctl``, Linux
+    only), which a training takes as SIGTERM (it saves a checkpoint and stops;
+    ``training.checkpointing``) and which ends any other process at once."""
+    if "TORCHELASTIC_RUN_ID" not in os.environ or not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    parent = os.getppid()
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, int(PARENT_DEATH_SIGNAL), 0, 0, 0)  # PR_SET_PDEATHSIG = 1
+    except (OSError, AttributeError):
+        return
+    expected = os.environ.get(LAUNCHER_ENV)
+    if os.getppid() != parent or parent == 1 or (expected and expected != str(parent)):
+        # the agent died before the death signal was set: it will never be sent
+        os.kill(os.getpid(), PARENT_DEATH_SIGNAL)
 
 
 def gpus_for_processes(env: DistInfo, device: torch.device, asked: str) -> torch.device:
@@ -177,13 +221,20 @@ def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
-def max_over_ranks(value: int) -> int:
-    """The largest ``value`` of all ranks (a stop flag, a signal number): one tiny CPU collective."""
+@overload
+def max_over_ranks(value: int) -> int: ...
+@overload
+def max_over_ranks(value: list[int]) -> list[int]: ...
+
+
+def max_over_ranks(value):
+    """The largest ``value`` of all ranks (a stop flag, a signal number), or of each element of a
+    list of them: one tiny CPU collective."""
     if not initialized():
         return value
-    t = torch.tensor([value], dtype=torch.int64)
+    t = torch.tensor(value if isinstance(value, list) else [value], dtype=torch.int64)
     tdist.all_reduce(t, op=tdist.ReduceOp.MAX, group=_group(t))
-    return int(t[0])
+    return t.tolist() if isinstance(value, list) else int(t[0])
 
 
 _T = TypeVar("_T")
@@ -198,6 +249,25 @@ def broadcast_object(obj: _T, src: int = 0) -> _T:
     return obj
 
 
+def gather_objects(obj: _T) -> list[_T]:
+    """Every rank's ``obj``, in rank order, on every rank (``[obj]`` in a single process)."""
+    if not initialized():
+        return [obj]
+    out: list = [None] * tdist.get_world_size()
+    tdist.all_gather_object(out, obj, group=_group())
+    return out
+
+
+def gather_to_primary(obj: _T) -> list[_T] | None:
+    """Every rank's ``obj``, in rank order, on rank 0; None on the others."""
+    if not initialized():
+        return [obj]
+    primary = tdist.get_rank() == 0
+    out: list | None = [None] * tdist.get_world_size() if primary else None
+    tdist.gather_object(obj, out, dst=0, group=_group())
+    return out
+
+
 def barrier() -> None:
     if initialized():
         tdist.barrier(group=_group())
@@ -206,15 +276,34 @@ def barrier() -> None:
 @contextlib.contextmanager
 def local_rank_zero_first(info: DistInfo) -> Iterator[None]:
     """Local rank 0 of each machine runs the block first (e.g. preparing the data cache),
-    the other processes after it: no two processes of a machine write the same files."""
+    the other processes after it: no two processes of a machine write the same files. A
+    one-line error in the block (data missing on one machine) stops every rank with that line
+    (``rank R: ...``), not only the rank that met it (the others would only see it gone)."""
     if not info.enabled:
         yield
         return
-    if info.local_rank != 0:
-        barrier()
-    yield
+    failed: MnistflowError | None = None
     if info.local_rank == 0:
-        barrier()
+        try:
+            yield
+        except MnistflowError as e:
+            failed = e
+    _stop_if_any_failed(info, failed)
+    if info.local_rank != 0:
+        yield
+
+
+def _stop_if_any_failed(info: DistInfo, failed: MnistflowError | None) -> None:
+    """Every rank's outcome to every rank (the barrier of ``local_rank_zero_first``); the first
+    failure is raised on all of them."""
+    from mnistflow.core.errors import one_line
+
+    seen = gather_objects(None if failed is None else one_line(failed))
+    first = next(((r, why) for r, why in enumerate(seen) if why), None)
+    if failed is not None:
+        raise failed
+    if first is not None:
+        raise MnistflowError(f"rank {first[0]} of {info.world_size} failed: {first[1]}")
 
 
 def params_in_sync(model: torch.nn.Module) -> bool:
@@ -278,37 +367,66 @@ def cleanup(sync: bool = True) -> None:
     _control = None
 
 
-def launch_local(nproc: int, argv: list[str]) -> int:
-    """``mnistflow train --nproc N ...``: re-run the same command under torchrun on this machine.
+class WorkerDied(MnistflowError):
+    """A process of ``launch_local`` died of a signal, without a word of its own (kill -9, the
+    OOM killer), and no restart was left: the launcher exits 128 + the signal, as a shell would."""
 
-    Ctrl-C reaches torchrun and its workers directly (one process group): this process keeps
-    waiting while they save a checkpoint and stop. SIGTERM sent to this process is passed on.
+    def __init__(self, detail: str, exit_code: int):
+        super().__init__(detail)
+        self.exit_code = exit_code
+
+
+def launch_local(nproc: int, argv: list[str], max_restarts: int = 0) -> int:
+    """``mnistflow train --nproc N [--max-restarts K] ...``: the same command under torchrun's
+    elastic agent, run inside this process: N processes on this machine, the group restarted
+    up to K times when one fails (each restart resumes the run by itself: ``training.resume``).
+
+    The processes die with this one, even by ``kill -9`` (``die_with_parent``); SIGTERM or
+    Ctrl-C here is passed on to them (each saves a checkpoint and stops). What the processes
+    say is what the user reads: torchrun's own log lines and failure report are left out.
+    Returns the exit code: the first failed process's (2 after its one-line error).
     """
+    from torch.distributed import run as torchrun
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
     if nproc < 1:
         raise MnistflowError(f"--nproc must be >= 1, got {nproc}")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-           "-m", "mnistflow", *argv]
-    if shutil.which(sys.executable) is None:
-        raise MnistflowError(f"cannot find the Python interpreter {sys.executable}")
-    env = dict(os.environ)
-    if "OMP_NUM_THREADS" not in env:  # else torchrun sets 1 and prints a banner about it
+    if "OMP_NUM_THREADS" not in os.environ:  # else torchrun sets 1 and prints a banner about it
         from mnistflow.runtime.cpu import usable_cores
 
-        env["OMP_NUM_THREADS"] = str(max(1, usable_cores() // nproc))
-    proc = subprocess.Popen(cmd, env=env)
-    old = None
+        os.environ["OMP_NUM_THREADS"] = str(max(1, usable_cores() // nproc))
+    os.environ[LAUNCHER_ENV] = str(os.getpid())
+    args = torchrun.parse_args(["--standalone", f"--nproc-per-node={nproc}", f"--max-restarts={max_restarts}",
+                                "-m", "mnistflow", *argv])
+    _quiet_agent()
     try:
-        old = signal.signal(signal.SIGTERM, lambda signum, frame: proc.send_signal(signum))
-    except ValueError:  # not the main thread
-        pass
-    try:
-        while True:
-            try:
-                rc = proc.wait()
-                break
-            except KeyboardInterrupt:
-                continue  # torchrun got the same Ctrl-C and stops the workers
-    finally:
-        if old is not None:
-            signal.signal(signal.SIGTERM, old)
-    return rc if rc >= 0 else 128 - rc
+        torchrun.run(args)
+    except SignalException as e:  # SIGTERM / Ctrl-C: passed on; the processes said where they stopped
+        return 128 + int(e.sigval)
+    except ChildFailedError as e:
+        # the root cause: a process killed by a signal (it could say nothing), unless the agent's
+        # own SIGTERM stopped it; else the first failure (it said why, in its own line)
+        killed = [(r, f) for r, f in sorted(e.failures.items())
+                  if f.exitcode < 0 and -f.exitcode != signal.SIGTERM]
+        rank, failure = killed[0] if killed else e.get_first_failure()
+        if failure.exitcode >= 0:
+            return failure.exitcode
+        try:
+            name = signal.Signals(-failure.exitcode).name
+        except ValueError:
+            name = f"signal {-failure.exitcode}"
+        left = f"after {max_restarts} restart(s) (--max-restarts)" if max_restarts else "(--max-restarts 0)"
+        raise WorkerDied(f"the process of rank {rank} (pid {failure.pid}) was killed by {name}; the job "
+                         f"stopped {left}", 128 - failure.exitcode) from None
+    return 0
+
+
+def _quiet_agent() -> None:
+    """torchrun's agent logs each step of a failure, then a report, to this process's stderr
+    (WARNING and up, ~20 lines): in ``launch_local`` the processes' own lines say it."""
+    import logging
+
+    for name in list(logging.Logger.manager.loggerDict):
+        if name.startswith("torch.distributed.elastic") or name.startswith("torch.distributed.launcher"):
+            logging.getLogger(name).setLevel(logging.CRITICAL)

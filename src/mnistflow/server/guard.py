@@ -1,15 +1,20 @@
-"""What keeps the server bounded: its limits, the checks a POST passes before any work, the
-cap on concurrent decodes with a per-request deadline, and a connection that must send its
-request headers in time.
+"""What keeps the server bounded: its limits, the checks a POST passes before any work, and the
+cap on concurrent decodes with a per-request deadline. What one connection may cost (header
+bytes and time, pipelining, idle sockets, the close after a refusal) is ``server.connection``'s.
 
     limits = Limits(max_pixels=8_000_000, work_timeout=60)   # defaults are in the fields
     app = create_app("runs/fast-1", limits=limits)
 
 * Memory: a body is at most ``max_body`` bytes (413 past it); an image at most ``max_pixels``
   decoded pixels, checked from its header before decoding (JPEGs decode at up to 1/8 scale
-  first), then reduced to ``work_side`` pixels a side before it becomes a numpy array; at
-  most ``max_concurrent`` requests decode and run the model at once; at most
-  ``max_connections`` connections are served (uvicorn answers 503 past it).
+  first; a progressive JPEG keeps every coefficient of its full size while decoding, so its
+  full size is held to ``core.limits.MAX_PIXELS``), then reduced to ``work_side`` pixels a side
+  before it becomes a numpy array; at most ``max_concurrent`` requests decode and run the model
+  at once; a request's line and headers are at most ``max_header_bytes`` (431 past it); at most
+  ``max_connections`` requests are in progress (503 past it) and connections open (past it,
+  the one idle the longest is closed: sockets that send nothing cannot lock anyone out).
+* Decode time: a JPEG of more than ``core.limits.MAX_JPEG_SCANS`` scans is refused before
+  decoding (``data.formats.image.decode_cost_problem``: each scan is a pass over the image).
 * Time: request headers must arrive within ``header_timeout`` seconds of a connection's first
   byte (or of its opening), else it is closed (a slowloris client holds nothing for long); a
   body within ``body_timeout`` (408); waiting for a slot plus decoding plus inference within
@@ -23,37 +28,22 @@ request headers in time.
   must be ``image/*``, ``application/json``, ``application/octet-stream`` or
   ``multipart/form-data`` (an upload: ``curl -F file=@digit.png``); anything else is a 415.
   Served on this machine only, a ``Host`` header other than a local name is refused too
-  (403; DNS rebinding).
-
-uvicorn's private API, and why uvicorn is pinned (``pyproject.toml``: ``uvicorn>=0.54,<0.55``,
-the releases the server's tests passed on). The header deadline and the JSON answer to malformed HTTP
-need the connection itself, which no public uvicorn hook gives, so :func:`guarded` subclasses
-uvicorn's HTTP protocol class (``uvicorn.protocols.http.auto.AutoHTTPProtocol``: its httptools
-or h11 implementation), overrides ``send_400_response`` (what it calls on a request it cannot
-parse) and reads its ``cycle`` (``.response_complete``), ``server_state.default_headers``,
-``loop`` and ``transport`` attributes. ``app.serve`` also starts ``--workers`` with
-``uvicorn.supervisors.Multiprocess(config, sockets)``, whose signature has changed within 0.x.
-None of these is documented API and any uvicorn release may change them: move the pin only
-after tests/integration/test_serve_api.py and test_hostile_serve.py pass on the new release
-(tests/unit/test_uvicorn_pin.py checks the installed uvicorn is within the pin).
-httptools and h11 are reached only through uvicorn's protocol classes (none of their internals
-is used here), so they need no pin of their own.
+  (403; DNS rebinding). A ``Host`` (or ``Origin``) is ``host[:port]`` and nothing else: a
+  user name (``evil@127.0.0.1``) or a path is no host. The request head reaches these checks
+  as RFC 9112 defines it (one ``Host``; an absolute-form target's authority as the ``Host``):
+  ``server.connection`` sees to that.
 """
 from __future__ import annotations
 
 import asyncio
-import json
 import os
+import re
 import threading
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Awaitable, Callable, Mapping, TypeVar
-from urllib.parse import urlsplit
+from typing import Callable, Mapping, TypeVar
 
 from mnistflow.core.errors import MnistflowError
-from mnistflow.core.limits import MAX_BODY_BYTES, MAX_REQUEST_PIXELS
-
-if TYPE_CHECKING:
-    import uvicorn
+from mnistflow.core.limits import MAX_BODY_BYTES, MAX_HEADER_BYTES, MAX_REQUEST_PIXELS
 
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
 
@@ -77,13 +67,15 @@ class Limits:
     work_side: int = 1024  # larger images are reduced (box filter) to this many pixels a side
     min_side: int = 4  # smaller images (unless at the model's exact size) are refused (400)
     max_concurrent: int = field(default_factory=_slots)  # decodes + inferences at once
-    max_connections: int = 256  # uvicorn's limit_concurrency: 503 past it
+    max_connections: int = 256  # requests in progress (503 past it) and open connections (see above)
+    max_header_bytes: int = MAX_HEADER_BYTES  # a request's line and headers (431 past it)
     header_timeout: float = 10.0  # seconds for a request's headers to arrive
     body_timeout: float = 10.0  # seconds for its body
     work_timeout: float = 30.0  # seconds for a slot, the decode and the model
 
     def __post_init__(self):
-        for name in ("max_body", "max_pixels", "work_side", "min_side", "max_concurrent", "max_connections"):
+        for name in ("max_body", "max_pixels", "work_side", "min_side", "max_concurrent", "max_connections",
+                     "max_header_bytes"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise MnistflowError(f"server limit {name} must be a positive integer, got {v!r}")
@@ -106,13 +98,17 @@ class BadInput(Exception):
 
 # --- who may POST ---------------------------------------------------------------------------
 
+# host[:port] and nothing else: a name or IPv4 address, or an IPv6 literal in brackets
+_AUTHORITY = re.compile(r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._~%-]+)(?::([0-9]{0,5}))?")
+
+
 def _split(netloc: str) -> tuple[str | None, int | None]:
-    """``host[:port]`` -> (lower-case host name without brackets, port or None); bad -> Nones."""
-    try:
-        u = urlsplit("//" + netloc.strip())
-        return u.hostname, u.port
-    except ValueError:
+    """``host[:port]`` -> (lower-case host name without brackets, port or None); anything else
+    (a user name, a path, a port past 65535, two values) -> Nones."""
+    m = _AUTHORITY.fullmatch(netloc.strip())
+    if m is None or (m.group(2) and int(m.group(2)) > 65535):
         return None, None
+    return m.group(1).strip("[]").lower(), int(m.group(2)) if m.group(2) else None
 
 
 def check_host(headers: Mapping[str, str], allowed_hosts: frozenset[str] | None) -> None:
@@ -232,92 +228,3 @@ class Slots:
                 if acquired and state[0] == "queued":  # cancelled before its thread started
                     state[0] = "dropped"
                     sem.release()
-
-
-# --- connections that must send their headers in time --------------------------------------------
-
-def guarded(base: type) -> type:
-    """A uvicorn HTTP protocol class that closes a connection whose request headers are not
-    complete ``config.mnistflow_header_timeout`` seconds after it opened or after the first
-    byte of its next request (uvicorn itself only times out idle keep-alive connections)."""
-
-    class Guarded(base):
-        def __init__(self, config, *args, **kwargs):
-            super().__init__(config, *args, **kwargs)
-            self._mf_timeout = float(getattr(config, "mnistflow_header_timeout", Limits.header_timeout))
-            self._mf_timer = None
-            self._mf_cycle = None
-
-        def connection_made(self, transport) -> None:
-            super().connection_made(transport)
-            self._mf_arm()
-
-        def data_received(self, data: bytes) -> None:
-            super().data_received(data)
-            if self._mf_waiting():
-                if self._mf_timer is None:
-                    self._mf_arm()
-            elif self._mf_timer is not None:
-                self._mf_timer.cancel()
-                self._mf_timer = None
-
-        def connection_lost(self, exc) -> None:
-            if self._mf_timer is not None:
-                self._mf_timer.cancel()
-                self._mf_timer = None
-            super().connection_lost(exc)
-
-        def send_400_response(self, msg: str) -> None:
-            """A request uvicorn cannot parse (bad framing: a negative Content-Length, a NUL in a
-            header) gets a JSON error like every other refusal, not uvicorn's plain text; the
-            connection closes (its framing cannot be trusted), the server keeps serving."""
-            body = json.dumps({"error": f"malformed HTTP request: {msg}", "status": 400}).encode()
-            state = getattr(self, "server_state", None)  # httptools adds the server's default headers
-            head = [b"HTTP/1.1 400 Bad Request\r\n",
-                    *(n + b": " + v + b"\r\n" for n, v in getattr(state, "default_headers", ())),
-                    b"content-type: application/json\r\n",
-                    b"content-length: " + str(len(body)).encode() + b"\r\n", b"connection: close\r\n\r\n"]
-            self.transport.write(b"".join(head) + body)
-            self.transport.close()
-
-        def _mf_waiting(self) -> bool:  # no request in progress: headers are (to be) awaited
-            cycle = getattr(self, "cycle", None)
-            return cycle is None or cycle.response_complete
-
-        def _mf_arm(self) -> None:
-            self._mf_cycle = getattr(self, "cycle", None)
-            self._mf_timer = self.loop.call_later(self._mf_timeout, self._mf_expire)
-
-        def _mf_expire(self) -> None:
-            self._mf_timer = None
-            if getattr(self, "cycle", None) is self._mf_cycle and self._mf_waiting() \
-                    and not self.transport.is_closing():
-                self.transport.close()
-
-    Guarded.__name__ = Guarded.__qualname__ = f"Guarded{base.__name__}"
-    return Guarded
-
-
-def _auto_protocol() -> type:
-    from uvicorn.protocols.http.auto import AutoHTTPProtocol
-
-    return guarded(AutoHTTPProtocol)
-
-
-def server_config(app: str | Callable[..., Awaitable[None]], limits: Limits, **kwargs) -> uvicorn.Config:
-    """A ``uvicorn.Config`` for ``app`` (an app or an import string) that enforces ``limits``:
-    the header deadline and the connection cap."""
-    import uvicorn
-
-    config = uvicorn.Config(app, http="mnistflow.server.guard:GuardedHTTPProtocol",
-                            limit_concurrency=limits.max_connections, **kwargs)
-    config.mnistflow_header_timeout = limits.header_timeout  # travels to --workers processes
-    return config
-
-
-def __getattr__(name: str):
-    if name == "GuardedHTTPProtocol":  # built on first use: uvicorn is an optional extra
-        cls = _auto_protocol()
-        globals()[name] = cls
-        return cls
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -27,14 +27,13 @@ import json
 import numpy as np
 
 from mnistflow.artifacts.model_info import ModelInfo
-from mnistflow.core.limits import MAX_JSON_SIDE
+from mnistflow.core.limits import MAX_JSON_SIDE, MAX_PIXELS
 from mnistflow.data.picture import STYLES
 from mnistflow.server.guard import BadInput, Limits, body_kind
 
 __all__ = ["decode_image", "parse_json", "to_input", "is_json"]
 
 DEFAULTS = Limits()
-FORMATS = ["PNG", "JPEG", "WEBP", "GIF", "BMP"]
 MODES = ("auto", "none", *STYLES)
 
 
@@ -42,17 +41,21 @@ def decode_image(data: bytes, limits: Limits = DEFAULTS) -> np.ndarray:
     """PNG/JPEG/... bytes -> uint8 (H, W) grey, (H, W, 3) colour, or with alpha (H, W, 2|4).
 
     Bounded before decoding: the size from the header (after choosing a JPEG's reduced decode
-    scale) must be at most ``limits.max_pixels`` pixels (else 413); the decoded picture is
+    scale) must be at most ``limits.max_pixels`` pixels, the decode cost reasonable
+    (``image.decode_cost_problem``: a JPEG's scans) and a progressive JPEG's full size within
+    ``core.limits.MAX_PIXELS`` (it keeps every coefficient of that size while decoding,
+    whatever the scale), else 413; the decoded picture is
     reduced (box filter: ``data.picture.shrink``, the step ``predict`` takes too) to at most
     ``limits.work_side`` pixels a side before it becomes an array, so what follows costs no
     more than a 1024x1024 picture would."""
     from PIL import Image
 
-    from mnistflow.data.formats.image import working_mode
+    from mnistflow.data.formats.image import PICTURE_FORMATS, decode_cost_problem, working_mode
     from mnistflow.data.picture import shrink
 
+    buf = io.BytesIO(data)
     try:
-        im = Image.open(io.BytesIO(data), formats=FORMATS)
+        im = Image.open(buf, formats=PICTURE_FORMATS)
     except Image.DecompressionBombError:  # over twice Pillow's own limit: far over ours
         raise BadInput(413, f"the image has too many pixels: at most {limits.max_pixels:,}") from None
     except Exception:
@@ -61,6 +64,12 @@ def decode_image(data: bytes, limits: Limits = DEFAULTS) -> np.ndarray:
     w, h = im.size
     if w == 0 or h == 0:
         raise BadInput(400, f"image of {w}x{h} pixels has no pixels")
+    problem = decode_cost_problem(im, buf)
+    if problem:
+        raise BadInput(413, f"refusing to decode {problem}")
+    if im.format in ("JPEG", "MPO") and im.info.get("progressive") and w * h > max(MAX_PIXELS, limits.max_pixels):
+        raise BadInput(413, f"a progressive JPEG of {w}x{h} pixels: at most {max(MAX_PIXELS, limits.max_pixels):,} "
+                            "(it is decoded whole, whatever the scale)")
     side = limits.work_side
     if im.format == "JPEG" and max(w, h) > side:  # decode at 1/2, 1/4 or 1/8 scale: far cheaper
         im.draft(im.mode if im.mode in ("L", "RGB") else None, (side * w // max(w, h), side * h // max(w, h)))

@@ -13,12 +13,17 @@ from mnistflow.artifacts.predictor import Predictor, as_predictor
 __all__ = ["Predictor", "load_predictor"]
 
 
-def load_predictor(path: str | Path, threads: int = 1) -> Predictor:
+def load_predictor(path: str | Path, threads: int = 1, deadline: float | None = None) -> Predictor:
     """A predictor for anything ``artifacts.load.load_any`` reads: a run directory,
-    ``model.safetensors``, a checkpoint, an npz with metadata, an ``.onnx`` or a ``.pt2`` export."""
+    ``model.safetensors``, a checkpoint, an npz with metadata, an ``.onnx`` or a ``.pt2`` export.
+    ``deadline``: seconds after which an ONNX model's run is stopped (the server's work deadline:
+    a request that overran frees its thread too)."""
     import torch
 
     from mnistflow.artifacts.load import load_any
 
     torch.set_num_threads(threads)  # also the ONNX session's intra-op threads
-    return as_predictor(*load_any(path))
+    pred = as_predictor(*load_any(path))
+    if deadline is not None and hasattr(pred, "deadline"):
+        pred.deadline = deadline
+    return pred

@@ -29,10 +29,12 @@ def default_run_dir(cfg: TrainConfig) -> Path:
 MAX_DEFAULT_RUNS = 100  # runs/<name>-<time>-N: runs started in the same second
 
 
-def _own(held: contextlib.ExitStack, run_dir: Path, new_run: bool) -> None:
+def _own(held: contextlib.ExitStack, run_dir: Path, new_run: bool) -> Path:
     """Take the run directory for this training (its lock, released when ``held`` closes; then,
-    for a new run that failed before it recorded a step, what it wrote is removed: ``RunLock``)."""
-    held.enter_context(RunLock(run_dir, new_run=new_run))
+    for a new run that failed before it recorded a step, what it wrote is removed: ``RunLock``).
+    Returns the real directory locked: the run writes there, wherever a link on the way points
+    later."""
+    return held.enter_context(RunLock(run_dir, new_run=new_run)).dir.path
 
 
 def _new_default_run(cfg: TrainConfig, held: contextlib.ExitStack) -> Path:
@@ -45,9 +47,9 @@ def _new_default_run(cfg: TrainConfig, held: contextlib.ExitStack) -> Path:
             lock.acquire()
         except RunBusy:
             continue
-        if not RunDir(run_dir).run_files():
+        if not lock.dir.run_files():
             held.push(lock)  # its __exit__: released (and discarded on a failure) when ``held`` closes
-            return run_dir
+            return lock.dir.path
         lock.release()
     raise MnistflowError(f"{MAX_DEFAULT_RUNS} runs named {base.name} exist already: pick a --run-dir",
                          base.parent)
@@ -96,14 +98,13 @@ def _claim(cfg: TrainConfig, held: contextlib.ExitStack) -> tuple[Path | None, P
     if not cfg.resume:
         if not cfg.run_dir:
             return None, _new_default_run(cfg, held)
-        _own(held, Path(cfg.run_dir), new_run=True)
-        RunDir(cfg.run_dir).refuse_new_run()
-        return None, Path(cfg.run_dir)
-    if cfg.run_dir:
-        _own(held, Path(cfg.run_dir), new_run=False)
-    resume_path, run_dir = resumemod.locate_resume(cfg.resume, cfg.run_dir)
+        run_dir = _own(held, Path(cfg.run_dir), new_run=True)
+        RunDir(run_dir).refuse_new_run()
+        return None, run_dir
+    run_dir = _own(held, Path(cfg.run_dir), new_run=False) if cfg.run_dir else None
+    resume_path, run_dir = resumemod.locate_resume(cfg.resume, run_dir)
     if not cfg.run_dir:
-        _own(held, run_dir, new_run=False)
+        run_dir = _own(held, run_dir, new_run=False)
     if resume_path is None:
         own = resumemod.restart_config(run_dir)
         note(f"no checkpoint in {display(run_dir)}; "

@@ -243,7 +243,8 @@ class TrainConfig:
     augment: str = setting(
         "off", "data", "augment the training batches on the device: auto (the dataset's own policy; "
                        "shifts for inputs it does not know), off, or a policy: glyphs (small shifts "
-                       "and rotations, never flips: digits, letters), clothing (horizontal flips and "
+                       "and rotations, never flips: digits, letters), elastic (glyphs plus elastic "
+                       "distortion), clothing (horizontal flips and "
                        "shifted crops), photos (padded crops, flips and cutout), shifts (small shifts "
                        "only); the run records the policy it used",
         choices=choices.AUGMENT, flag=dict(nargs="?", const="auto", metavar="POLICY", off="off"))
@@ -443,6 +444,9 @@ def resolve(recipe: dict | None = None, file: dict | None = None, flags: dict | 
     return TrainConfig(**merge(recipe, file, flags, base=base))
 
 
+RUN_ID = "run_id"  # written in config.toml beside the settings: the run the file belongs to
+
+
 def load_toml(path: str | Path) -> dict:
     """Flat ``key = value`` pairs from a TOML file (UTF-8, at most ``limits.MAX_TOML_BYTES``); unknown
     keys and values of the wrong type or out of range are errors naming the file and the key."""
@@ -464,6 +468,7 @@ def load_toml(path: str | Path) -> dict:
     except ValueError as e:  # TOMLDecodeError, and an integer of more than 4300 digits
         raise MnistflowError(f"not valid TOML ({str(e).splitlines()[0]})", p) from None
     d.pop("version", None)  # written by save_toml for the reader's benefit
+    d.pop(RUN_ID, None)  # which run wrote the file (run_id_in): not a setting
     _check_keys(d, str(p))
     for key, value in d.items():
         try:
@@ -477,13 +482,26 @@ def to_dict(cfg: TrainConfig) -> dict:
     return dataclasses.asdict(cfg)
 
 
-def save_toml(cfg: TrainConfig, path: str | Path) -> None:
+def save_toml(cfg: TrainConfig, path: str | Path, run_id: str | None = None) -> None:
     """Write the resolved configuration as TOML (``None`` values and ``resume``, an action, left
-    out), with ``tomli_w``; ``load_toml`` reads back the same values, whatever the text holds."""
+    out), with ``tomli_w``; ``load_toml`` reads back the same values, whatever the text holds.
+    ``run_id``: the run the file belongs to (its checkpoints carry it too: ``training.resume``)."""
     import tomli_w
 
     from mnistflow.core.fsutil import atomic_write_text
 
     values = {k: v for k, v in to_dict(cfg).items() if v is not None and k != "resume"}
+    head = {"version": 1, **({RUN_ID: run_id} if run_id else {})}
     atomic_write_text(path, "# mnistflow resolved configuration: mnistflow train --config THIS_FILE\n"
-                      + tomli_w.dumps({"version": 1, **values}))
+                      + tomli_w.dumps({**head, **values}))
+
+
+def run_id_in(path: str | Path) -> str | None:
+    """The ``run_id`` a run's config.toml records (None: none, from an older mnistflow)."""
+    tomllib = compat.tomllib()
+    try:
+        with open(path, "rb") as fh:
+            value = tomllib.loads(fh.read(limits.MAX_TOML_BYTES).decode("utf-8-sig")).get(RUN_ID)
+    except (OSError, ValueError, RecursionError):  # (load_toml names what is wrong with it)
+        return None
+    return value if isinstance(value, str) else None

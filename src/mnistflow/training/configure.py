@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 
-from mnistflow.core.errors import MnistflowError
+from mnistflow.core.errors import MnistflowError, display
 from mnistflow.core.log import note
 from mnistflow.data.open import known_name, policy_of
 from mnistflow.runtime import dist
@@ -36,6 +36,7 @@ def configure(config: str | os.PathLike | None = None, **flags) -> tuple[TrainCo
     flags = {k: str(v) if k in PATHS and isinstance(v, os.PathLike) else v for k, v in flags.items()}
     if flags.get("resume") is True:
         flags["resume"] = "latest"
+    _continue_a_restarted_job(flags)
 
     def given(key: str):
         return flags[key] if flags.get(key) is not None else file.get(key)
@@ -51,6 +52,19 @@ def configure(config: str | os.PathLike | None = None, **flags) -> tuple[TrainCo
     if given("resume"):
         base, resume = _resumed(given, flags)
     return configmod.resolve(recipe, file, flags, base=base), resume
+
+
+def _continue_a_restarted_job(flags: dict) -> None:
+    """Under torchrun, a restart of this job (a process died, a machine left or joined):
+    ``--resume`` of the run it trains, whatever the command line says (the same command as
+    its first start: a new run, or the resume of an older checkpoint)."""
+    run_dir = resumemod.restarted_run()
+    if run_dir is None:
+        return
+    flags.update(resume="latest", run_dir=str(run_dir))
+    if dist.env_info().is_primary and not (flags.get("quiet") or flags.get("json")):
+        note(f"torchrun restarted this job: it continues its run {display(run_dir)} from the newest "
+             "checkpoint")
 
 
 def _recipe_for_target(given, file: dict, flags: dict) -> str:
@@ -88,4 +102,30 @@ def _resumed(given, flags: dict) -> tuple[dict | None, Resume | None]:
         return (resumemod.restart_base(own, known, keep_threads=keep_threads) if own else None), None
     resume = Resume.load(path)
     flags["resume"] = str(path)
-    return resume.config_base(known, keep_threads=keep_threads), resume
+    base = resume.config_base(known, keep_threads=keep_threads)
+    return _with_own_config(resume, run_dir, base, quiet=bool(given("quiet") or given("json"))), resume
+
+
+def _with_own_config(resume: Resume, run_dir, base: dict, quiet: bool) -> dict:
+    """The base of a resume from one of the run's own checkpoints, with what its config.toml
+    changes (an edit since the checkpoint, or a resume with other flags killed before its
+    first checkpoint): honoured and said in a note, never silently written back; a change of
+    the model or data (RESUME_IDENTITY) is an error naming the key. A checkpoint of another
+    run is refused first (``check_same_run``)."""
+    from mnistflow.artifacts.rundir import RunDir
+
+    own, of = RunDir(run_dir).config, RunDir.of_checkpoint(resume.path)
+    if of is None or not own.is_file() or os.path.realpath(of.path) != os.path.realpath(run_dir):
+        return base
+    resumemod.check_same_run(resume, run_dir)
+    edits = resumemod.config_edits(resume, configmod.load_toml(own))
+    fixed = [k for k in resumemod.RESUME_IDENTITY if k in edits]
+    if fixed:
+        k = fixed[0]
+        raise MnistflowError(f"{k} = {edits[k][1]!r} here, but the checkpoint's run has {edits[k][0]!r}: a "
+                             "resume cannot change the model or data; put it back, or train a new run "
+                             "with --config", own)
+    if edits and not quiet and dist.env_info().is_primary:
+        note(f"{own}: resuming with its " + ", ".join(f"{k} = {new!r} (the checkpoint's: {old!r})"
+                                                       for k, (old, new) in edits.items()))
+    return {**base, **{k: new for k, (_, new) in edits.items()}}

@@ -23,7 +23,8 @@ So ``def on_epoch_end(self, epoch, logs)`` and ``def on_step_end(self, step, log
 
 A method may RETURN a dict of scalars ``{name: number}``: the loop logs them at that step
 (metrics.jsonl and TensorBoard, under those names, no prefix), and the hooks called after it
-see them in ``logs``. A hook stops training by raising ``StopTraining("reason")``: the other
+see them in ``logs``. A name the run logs itself (``RESERVED``: step, loss, lr...) or one
+already in the event's logs is refused: a hook adds figures, it never replaces the run's. A hook stops training by raising ``StopTraining("reason")``: the other
 hooks still get this event, then the run ends at that point like any other (final test
 evaluation, model saved) with ``summary["stop_reason"] = "reason"``.
 
@@ -46,6 +47,10 @@ from mnistflow.core.errors import MnistflowError
 HOOKS = ("on_train_start", "on_step_end", "on_validation_end", "on_epoch_end", "on_train_end")
 ARGS = ("step", "epoch", "logs")  # the keywords of every event
 EPOCH_KEYS = ("epoch", "step", "loss", "acc", "val_loss", "val_acc")  # the loop's own on_epoch_end logs
+# The names the loop writes in metrics.jsonl records (besides what an event's logs hold): a hook
+# that returned one would overwrite the run's own figures (a "step" or "loss" of its choosing)
+RESERVED = ("kind", "step", "epoch", "split", "loss", "acc", "lr", "img_per_s", "data_wait_frac",
+            "queue_depth", "n", "eval_s", "val_acc", "val_loss", "test_acc", "test_loss")
 
 
 class StopTraining(Exception):
@@ -56,8 +61,10 @@ class StopTraining(Exception):
         self.reason = str(reason) or "stopped by a callback"
 
 
-def _scalars(hook: object, name: str, out: object) -> dict:
-    """A hook's return value as {name: number}; anything else is the hook's bug, named."""
+def _scalars(hook: object, name: str, out: object, logs: dict) -> dict:
+    """A hook's return value as {name: number}; anything else is the hook's bug, named: so is
+    a name the run writes itself (``RESERVED``) or one the event's logs hold already (a hook
+    adds figures; it never replaces the run's own, nor another hook's)."""
     if not isinstance(out, dict):
         raise MnistflowError(f"{type(hook).__name__}.{name} returned a {type(out).__name__}; a hook "
                              "returns None or a dict of scalars {name: number}")
@@ -66,6 +73,11 @@ def _scalars(hook: object, name: str, out: object) -> dict:
     if bad:
         raise MnistflowError(f"{type(hook).__name__}.{name} returned {bad[0]!r}: {out[bad[0]]!r}; "
                              "the values a hook returns must be numbers, under string names")
+    taken = [k for k in out if k in RESERVED or k in logs]
+    if taken:
+        raise MnistflowError(f"{type(hook).__name__}.{name} returned {taken[0]!r}, a name the run "
+                             "logs itself; a hook adds figures under names of its own (e.g. "
+                             f"'my_{taken[0]}')")
     return {k: float(v) if not isinstance(v, int) and math.isfinite(v) else v for k, v in out.items()}
 
 
@@ -108,5 +120,5 @@ class Hooks:
                 stop = stop or e.reason
                 continue
             if out is not None:
-                logs.update(_scalars(hook, name, out))
+                logs.update(_scalars(hook, name, out, logs))
         return stop

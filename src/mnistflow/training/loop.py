@@ -33,6 +33,7 @@ from typing import Callable, Iterator, Sequence
 import torch
 
 from mnistflow import kernels
+from mnistflow.artifacts.checkpoint import rng_state as checkpoint_rng_state
 from mnistflow.artifacts.model_file import save_model
 from mnistflow.artifacts.runlog import end_of_run_table
 from mnistflow.core import log
@@ -230,18 +231,22 @@ def at_resumable_point(run: Run) -> None:
     """A point the run can continue from as if it never stopped (a step inside an epoch, an
     epoch's end after its evaluation): save when due; on a signal, save and stop."""
     state, saver, cfg = run.state, run.saver, run.cfg
-    # Read once: a signal that lands after this line stops the run at the next point, with its
-    # own save (read twice, one landing in between stopped the run here unsaved).
-    signalled = run.signals.signalled()
-    if saver is not None:
-        reason = ("interrupt" if signalled else
-                  "every" if cfg.checkpoint_every and state.step % cfg.checkpoint_every == 0 else
-                  "secs" if cfg.checkpoint_secs and saver.seconds_since_save() >= cfg.checkpoint_secs else
-                  "best" if saver.is_new_best(state.step) else "")
-        if reason and not saver.saved(state.step):
-            saver.save(state.step, reason)
+    # One agreement per point: rank 0's save rules and any rank's signal (one that lands after it
+    # stops the run at the next point, with its own save), so every rank takes part in each save.
+    due = saver.due(state.step, cfg.checkpoint_every, cfg.checkpoint_secs) if saver is not None else ""
+    signalled, reason = run.signals.agree(due, saved=saver is not None and saver.saved(state.step))
+    if reason:
+        save_checkpoint(run, reason)
     if signalled:
         state.stop_reason = "interrupted"
+
+
+def save_checkpoint(run: Run, reason: str) -> None:
+    """Every rank calls it at the same step: each hands rank 0 its RNG state (dropout continues
+    each rank's own stream after a resume), and rank 0 writes the checkpoint."""
+    states = dist.gather_to_primary(checkpoint_rng_state()) if run.info.enabled else None
+    if run.saver is not None:
+        run.saver.save(run.state.step, reason, states)
 
 
 def interrupted(run: Run) -> TrainingInterrupted:
@@ -271,8 +276,8 @@ def finish(run: Run, clock: Clock, warned: list[str]) -> dict:
         profiler.close()
         run.console.message(profiler.report or f"profiler: the run ended before step {profiler.stop}; "
                                                 "nothing was recorded")
-    if saver is not None:
-        saver.save(state.step, "final")
+    if run.cfg.keep_checkpoints > 0:  # (every rank: each gives its RNG state)
+        save_checkpoint(run, "final")
     in_sync = None
     if run.info.enabled:  # DDP keeps the ranks' parameters equal: check it, once, at the end
         in_sync = dist.params_in_sync(run.raw_model)

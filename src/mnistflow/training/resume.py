@@ -2,6 +2,13 @@
 
     mnistflow train --resume --run-dir runs/a              # the newest valid checkpoint of runs/a
     mnistflow train --resume runs/a/checkpoints/step-000400.pt
+    mnistflow train --nproc 2 --max-restarts 3 ...         # a restart resumes by itself
+
+Under torchrun a restarted job (a process died, ``--max-restarts``; a machine left or joined)
+continues by itself: rank 0 records the run directory it trains in the job's store
+(:func:`remember_job_run`), which lives as long as the job, and every new process finds it
+there (:func:`restarted_run`) and resumes it from its newest checkpoint. Only a run this very
+job started (or was resuming) is continued so: a new job never picks up an old run.
 
 Resuming needs only the checkpoint: the learning rate is a pure function of the step and the
 data order a pure function of (seed, epoch), so the loop continues at (epoch, step in epoch)
@@ -16,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,10 +31,10 @@ import torch
 
 from mnistflow.artifacts import checkpoint, rundir
 from mnistflow.artifacts.rundir import RunDir
-from mnistflow.core.errors import MnistflowError
+from mnistflow.core.errors import MnistflowError, display
 from mnistflow.data.records import Records
 from mnistflow.runtime import dist
-from mnistflow.training.config import TrainConfig, load_toml
+from mnistflow.training.config import TrainConfig, load_toml, run_id_in
 from mnistflow.training.engine import TrainState
 
 # Settings that change the model or the data (its content or order): a resume that changes
@@ -105,20 +113,88 @@ def locate_resume(resume: str | os.PathLike | bool, run_dir: str | os.PathLike |
     return found, Path(run_dir) if run_dir else rd
 
 
+JOB_RUN_KEY = "mnistflow/run_dir"  # in the job's store: the run directory each training trains
+_trainings = 0  # the trainings this process started so far (a script may train several runs)
+
+
+def restarted_run() -> Path | None:
+    """The run directory this torchrun job has been training, when this process belongs to a
+    restart of it (its rank 0 recorded it); None on the job's first start, or without torchrun.
+    The k-th training of a process continues the k-th run of the job (a script that trains
+    two runs, restarted, continues each). Read before the process group is joined
+    (``remember_job_run`` writes after it: no process of an attempt sees that attempt's record)."""
+    store = dist.job_store()
+    key = f"{JOB_RUN_KEY}/{_trainings}"
+    if store is None or not store.check([key]):
+        return None
+    return Path(store.get(key).decode())
+
+
+def remember_job_run(run_dir: Path, info: dist.DistInfo) -> None:
+    """Rank 0: record ``run_dir`` in the job's store, for the restarts of this job to continue;
+    every process has read the store (``restarted_run``) before this barrier."""
+    global _trainings
+    store = dist.job_store()
+    if store is None:
+        return
+    dist.barrier()
+    if info.is_primary:
+        store.set(f"{JOB_RUN_KEY}/{_trainings}", str(Path(run_dir).resolve()))
+    _trainings += 1
+
+
+def _shown(v: object) -> str:
+    return repr(v) if isinstance(v, str) else str(v)
+
+
 def check_same_run(resume: "Resume", run_dir: Path) -> None:
-    """A checkpoint in ``run_dir``'s checkpoints/ was written by that run: its model, seed and
-    optimizer are those of the run's config.toml. One copied in from another run would take
-    the run over (its config.toml rewritten, its metrics cut back, another model trained into
-    it); refused, naming what differs."""
+    """A checkpoint in ``run_dir``'s checkpoints/ was written by that run: it carries the run id
+    of the run's config.toml (runs of an older mnistflow, without ids: the same model, data and
+    the rest of RESUME_IDENTITY). One copied (or linked) in from another run would take the run
+    over (its config.toml rewritten, its metrics cut back, another model trained into it);
+    refused, naming what differs."""
     config = RunDir(run_dir).config
     if not config.is_file():  # killed before its config was written: nothing to compare with
         return
     own, saved = load_toml(config), resume.config
-    diffs = [f"{k} {saved[k]!r} (the run's: {own[k]!r})" for k in ("model", "seed", "optimizer")
-             if k in own and k in saved and own[k] != saved[k]]
+    own_id, saved_id = run_id_in(config), resume.run_id
+    keys = ("data", "dataset", *RESUME_IDENTITY, *sorted(set(own) - {"data", "dataset", *RESUME_IDENTITY}))
+    diffs = [f"{k} {_shown(saved.get(k))} (the run's: {_shown(own.get(k))})" for k in keys
+             if k not in ("threads", "run_dir") and (k in own or k in saved) and own.get(k) != saved.get(k)]
+    if own_id and saved_id:
+        if own_id == saved_id:
+            return  # the run's own (its config.toml edited since: training.configure says how)
+        diffs = diffs or [f"run id {saved_id} (the run's: {own_id}), with the same settings"]
+    else:  # no ids to tell: what makes the run (an edit of another setting is no other run)
+        diffs = [d for d in diffs if d.split(" ", 1)[0] in ("data", "dataset", *RESUME_IDENTITY)]
     if diffs:
-        raise MnistflowError(f"was not written by the run in {run_dir}: it has {', '.join(diffs)}; move it "
-                             "out of checkpoints/, or resume it into another --run-dir", resume.path)
+        what = ("was written by another run than the one in" if own_id and saved_id else
+                "does not match the config.toml of the run in")  # (without ids: or an edit of it)
+        raise MnistflowError(f"{what} {display(run_dir)}: it has {', '.join(diffs[:4])}"
+                             f"{', ...' if len(diffs) > 4 else ''}; move it out of checkpoints/, or "
+                             "resume it into another --run-dir", resume.path)
+
+
+def config_edits(resume: "Resume", own: dict) -> dict:
+    """{key: (the checkpoint's value, config.toml's)} for each setting of the run's config.toml
+    that differs from the checkpoint's (an edit since the checkpoint, or a resume with other
+    flags killed before its first checkpoint). The thread count is the checkpoint's business."""
+    saved = resume.config
+    return {k: (saved.get(k), v) for k, v in own.items()
+            if k not in ("threads", "run_dir", "resume") and saved.get(k) != v}
+
+
+def run_id_for(run_dir: Path, resume: "Resume | None") -> str:
+    """The id of the run trained in ``run_dir``: its config.toml's (a resume or a restart), else
+    the id of the checkpoint it continues when that is one of its own, else a new one (a new
+    run, or a run started from another run's checkpoint)."""
+    own = run_id_in(RunDir(run_dir).config) if RunDir(run_dir).config.is_file() else None
+    if own:
+        return own
+    of = RunDir.of_checkpoint(resume.path) if resume is not None else None
+    if of is not None and resume.run_id and os.path.realpath(of.path) == os.path.realpath(run_dir):
+        return resume.run_id
+    return uuid.uuid4().hex[:16]
 
 
 def restart_config(run_dir: str | os.PathLike) -> Path | None:
@@ -175,6 +251,12 @@ class Resume:
         return base
 
     @property
+    def run_id(self) -> str | None:
+        """The id of the run that saved it (None: saved by an older mnistflow)."""
+        value = self.payload["train_state"].get("run_id")
+        return value if isinstance(value, str) else None
+
+    @property
     def step(self) -> int:
         return int(self.payload["train_state"]["step"])
 
@@ -207,5 +289,9 @@ class Resume:
         state.samples, state.metrics = ts["samples"], dict(ts["metrics"])
         # only a reached target ends a run for good; any other stop is continued past
         state.stop_reason = "target" if ts.get("stop_reason") == "target" else ""
-        if rank > 0:  # the checkpoint holds rank 0's RNG; the others take a fresh stream
-            torch.manual_seed(rank_seed(seed, rank, state.step))
+        if rank > 0:  # the checkpoint's own RNG is rank 0's; the others' are beside it
+            ranks = self.payload.get(checkpoint.RANK_RNG) or []
+            if self.world_size == dist.env_info().world_size and rank < len(ranks) and ranks[rank]:
+                checkpoint.set_rng_state(ranks[rank])
+            else:  # saved by another number of processes (or an older mnistflow): a fresh stream
+                torch.manual_seed(rank_seed(seed, rank, state.step))

@@ -38,6 +38,7 @@ from mnistflow.models.ensemble import nets
 from mnistflow.models.registry import check_trainable
 from mnistflow.runtime import dist
 from mnistflow.runtime.compat import set_recompile_logs
+from mnistflow.runtime.compile_room import check_compile_room, compile_failure
 from mnistflow.runtime.cpu import (
     busy_cores_elsewhere,
     default_threads,
@@ -52,6 +53,7 @@ from mnistflow.runtime.cpu import (
 from mnistflow.runtime.device import Amp, limit_gpu_memory, pick_precision
 from mnistflow.training import config as configmod
 from mnistflow.training import resume as resumemod
+from mnistflow.training.agree import check_ranks_agree
 from mnistflow.training.checkpointing import Saver, Signals
 from mnistflow.training.claim import claim_run_dir
 from mnistflow.training.config import TrainConfig, is_import_path
@@ -94,6 +96,7 @@ class Run:
     dir: RunDir
     info: dist.DistInfo
     resume: resumemod.Resume | None = None
+    run_id: str = ""  # config.toml's and every checkpoint's: a checkpoint of another run is refused
     loss_fn: Callable | None = None  # a user's loss (logits, targets) -> scalar; None: cross-entropy
     # the loop's parts, wired by ``start``
     steps_per_epoch: int = 0  # the same on every rank, and for any world size
@@ -177,6 +180,9 @@ def check_input(model: torch.nn.Module, in_shape: tuple[int, int, int], num_clas
         got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
         raise MnistflowError(f"model output for input of shape {shape} is {got}; expected "
                              f"(N, {num_classes}): one score per class")
+    if not out.is_floating_point():  # (integer scores have no gradient: a raw autograd error later)
+        raise MnistflowError(f"model output for input of shape {shape} is a {out.dtype} tensor; expected "
+                             "floating-point scores (logits)")
 
 
 def _resolve_augment(cfg: TrainConfig, rec: Records, info: dist.DistInfo,
@@ -227,6 +233,7 @@ def build_run(cfg: TrainConfig, run_dir: Path, device: torch.device, info: dist.
     cfg = dataclasses.replace(cfg, precision=precision)  # as resolved: a replay runs the same numerics
     with dist.local_rank_zero_first(info):  # one process per machine prepares the cache
         rec = open_records(prepare(cfg.dataset, cfg.data, quiet=cfg.quiet or cfg.json))
+    check_ranks_agree(cfg, rec, device, info)  # the same settings and data on every rank, or one line
     configmod.check_target_split(cfg, rec.has, rec.path)
     n_train = rec.size(cfg.train_on)
     if cfg.batch_size != "auto":
@@ -246,21 +253,23 @@ def build_run(cfg: TrainConfig, run_dir: Path, device: torch.device, info: dist.
 
         model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
     if cfg.compile:
+        check_compile_room()  # a full cache or temporary directory: one line now, not a traceback later
         set_recompile_logs()  # a recompilation is reported with its reason
         model = torch.compile(model)
     train_loader, val_loader, test_loader = _loaders(cfg, rec, device, info)
     if resume is not None:
         resume.check(cfg, rec)
+    run_id = resumemod.run_id_for(run_dir, resume)
     if info.is_primary:
         run_dir.mkdir(parents=True, exist_ok=True)
-        configmod.save_toml(cfg, RunDir(run_dir).config)
+        configmod.save_toml(cfg, RunDir(run_dir).config, run_id)
     steps_per_epoch = len(train_loader)
     total = max(1, math.ceil(cfg.epochs * steps_per_epoch))
     total = min(total, cfg.max_steps) if cfg.max_steps else total
     return Run(cfg=cfg, rec=rec, device=device, precision=precision, amp=Amp.create(precision, device),
                model=model, raw_model=raw_model, optimizer=optimizer, train_loader=train_loader,
                val_loader=val_loader, test_loader=test_loader, dir=RunDir(run_dir), info=info,
-               resume=resume, steps_per_epoch=steps_per_epoch,
+               resume=resume, run_id=run_id, steps_per_epoch=steps_per_epoch,
                total=total, state=TrainState(total_steps=total))
 
 
@@ -344,6 +353,7 @@ def start(cfg: TrainConfig, device: torch.device, info: dist.DistInfo, held: con
     hooks, saver and signals; then the start-up work outside the timer (``--init-from``, the
     warm-up, the restore of a checkpoint)."""
     resume, run_dir = claim_run_dir(cfg, info, held, resume)
+    resumemod.remember_job_run(run_dir, info)  # a restart of this torchrun job continues it
     if resume is not None:
         resume.check(cfg)
     run = build_run(cfg, run_dir, device, info, resume, model)
@@ -356,8 +366,9 @@ def start(cfg: TrainConfig, device: torch.device, info: dist.DistInfo, held: con
     run.observers = obs = rank_zero_observers(run, run.console, resume_step)
     held.callback(obs.close)  # on a failure too, before the lock's release reads what they wrote
     run.guard = FinalizeGuard(run.raw_model)
-    # the printing observers, the user's callbacks, then the writers (which so record what they return)
-    run.hooks = Hooks([*obs.first, run.guard, *callbacks, *obs.writers])
+    # the printing observers, the user's callbacks, then the guard (a model a callback changed is
+    # named at once) and the writers (which so record what they return)
+    run.hooks = Hooks([*obs.first, *callbacks, run.guard, *obs.writers])
     for cb in callbacks:  # a callback's close(): when the run ends, however it ends (a file, a tracker's run)
         if callable(getattr(cb, "close", None)):
             held.callback(cb.close)
@@ -365,7 +376,7 @@ def start(cfg: TrainConfig, device: torch.device, info: dist.DistInfo, held: con
     run.signals = Signals(info, catch, quiet=not primary)
     if catch and primary:
         run.saver = Saver(checkpoint.CheckpointDir(run.dir.checkpoints, cfg.keep_checkpoints),
-                          lambda: payload(run), "val" if run.val_loader is not None else "test")
+                          lambda rank_rng: payload(run, rank_rng), "val" if run.val_loader is not None else "test")
     for line in headline(run):
         run.console.message(line)
     run.step_fn = _step_fn(run)
@@ -432,18 +443,22 @@ def model_info(run: Run) -> ModelInfo:
     return info
 
 
-def payload(run: Run) -> dict:
-    """Everything to continue from this step (``artifacts.checkpoint`` writes it)."""
+def payload(run: Run, rank_rng: list | None = None) -> dict:
+    """Everything to continue from this step (``artifacts.checkpoint`` writes it). ``rank_rng``:
+    every rank's RNG state, by rank (rank 0's is the payload's own)."""
     state = run.state
     ts = {"step": state.step, "epoch": state.epoch, "step_in_epoch": state.step_in_epoch,
           "samples": state.samples, "stop_reason": state.stop_reason, "metrics": dict(state.metrics),
-          "world_size": run.info.world_size, "threads": torch.get_num_threads()}
-    return checkpoint.capture(
+          "world_size": run.info.world_size, "threads": torch.get_num_threads(), "run_id": run.run_id}
+    out = checkpoint.capture(
         run.raw_model, run.optimizer, run.amp.scaler, ts,
         configmod.to_dict(dataclasses.replace(run.cfg, resume=None)),
         scheduler={"schedule": run.cfg.schedule, "step": state.step, "total_steps": state.total_steps,
                    "lr": run.lr_at(state.step), "note": "the learning rate is a pure function of the step"},
         data=data_fingerprint(run.rec), model_info=dataclasses.asdict(model_info(run)))
+    if rank_rng is not None and len(rank_rng) > 1:
+        out[checkpoint.RANK_RNG] = [None, *rank_rng[1:]]
+    return out
 
 
 @dataclass
@@ -495,8 +510,14 @@ def warm_up(run: Run) -> None:
     setup, not charged to training."""
     xb = next(iter(run.train_loader))[0]  # the real batch shape: under --compile, no recompile later
     state = {k: v.clone() for k, v in run.raw_model.state_dict().items()}
-    with run.amp.autocast():
-        run.model(xb).float().sum().backward()
+    try:
+        with run.amp.autocast():
+            run.model(xb).float().sum().backward()  # under --compile: the compile
+    except Exception as e:
+        failure = compile_failure(e) if run.cfg.compile else None  # the disk filled meanwhile
+        if failure is None:
+            raise
+        raise failure from None
     run.raw_model.load_state_dict(state)  # BN statistics back to their initial values
     run.optimizer.zero_grad(set_to_none=True)
     run.train_loader.stats.reset()
@@ -573,6 +594,25 @@ def check_run_inputs(cfg: TrainConfig, *, check_model: bool = True) -> None:
         check_available()  # not installed: one line now, not after the setup
     check_environment()
     check_kernels_environment()
+
+
+def check_launch(cfg: TrainConfig, nproc: int, resume: resumemod.Resume | None = None) -> None:
+    """What each of ``--nproc N``'s processes would refuse, checked once before they start: the
+    collective timeout, the data (prepared here once: the processes then find it ready), the
+    global batch's split over N, and the run directory (rank 0's claim, taken and released
+    here, so a run directory in use or holding another run is named now)."""
+    from mnistflow.core import log
+    from mnistflow.training.claim import claim_run_dir
+
+    dist.timeout_s()
+    rec = open_records(prepare(cfg.dataset, _absolute_data(cfg), quiet=cfg.quiet or cfg.json))
+    configmod.check_target_split(cfg, rec.has, rec.path)
+    if cfg.batch_size != "auto":
+        _check_batch(cfg.batch_size, rec.size(cfg.train_on), nproc, rec.path)
+    with log.quiet(True), contextlib.ExitStack() as held:
+        resume, _ = claim_run_dir(cfg, dist.DistInfo(), held, resume)
+    if resume is not None:
+        resume.check(_resolve_augment(cfg, rec, dist.DistInfo(), resume), rec)
 
 
 def _check_init_from(p: Path) -> None:

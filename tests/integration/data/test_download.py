@@ -49,11 +49,11 @@ class _Quiet(http.server.SimpleHTTPRequestHandler):
 
 
 class _Dropper(http.server.BaseHTTPRequestHandler):
-    """Promises 100,000 bytes, sends 1,000, hangs up."""
+    """Promises the 1,648,877 bytes of MNIST's t10k images, sends 1,000, hangs up."""
 
     def do_GET(self):
         self.send_response(200)
-        self.send_header("Content-Length", "100000")
+        self.send_header("Content-Length", "1648877")
         self.end_headers()
         self.wfile.write(b"\x1f\x8b" + bytes(998))
         self.wfile.flush()
@@ -170,17 +170,17 @@ def test_good_files_are_kept_when_a_later_one_fails(tmp_path, serve, closed_port
 def test_dropped_connection(tmp_path, serve, closed_port_url, monkeypatch):
     url = serve(handler=_Dropper)
     monkeypatch.setenv("MNISTFLOW_MIRROR", url)
-    ds = replace(MNIST, files=(MNIST.files[3],), mirrors=(closed_port_url,))
+    ds = replace(MNIST, files=(MNIST.files[2],), mirrors=(closed_port_url,))
     dest = tmp_path / "dl"
     with pytest.raises(MnistflowError) as e:
         fetch(ds, dest)
     msg = str(e.value)
-    assert url + "t10k-labels-idx1-ubyte.gz: connection dropped at 0.0 MB of 0.1 MB (4 tries)" in msg
+    assert url + "t10k-images-idx3-ubyte.gz: connection dropped at 0.0 MB of 1.6 MB (4 tries)" in msg
     # The server ignores Range: every try starts over, and only the first one made progress.
     # The 1,000 bytes are kept for the next run to resume (from a mirror that honours Range).
     assert "kept in .part files: the next try resumes" in msg
-    assert _leftovers(dest) == ["t10k-labels-idx1-ubyte.gz.part"]
-    assert (dest / "t10k-labels-idx1-ubyte.gz.part").stat().st_size == 1000
+    assert _leftovers(dest) == ["t10k-images-idx3-ubyte.gz.part"]
+    assert (dest / "t10k-images-idx3-ubyte.gz.part").stat().st_size == 1000
 
 
 def test_404_then_good_mirror(tmp_path, serve, mnist_dir, monkeypatch):

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
+from mnistflow.core import limits
 from mnistflow.core.errors import MnistflowError, fail
 from mnistflow.core.fsutil import open_regular
 from mnistflow.core.paths import home
@@ -38,6 +39,18 @@ class RemoteFile:
     name: str
     md5: str  # md5 of the file as published (the .gz / .tar.gz)
     raw_md5: str | None = None  # md5 of the uncompressed content, when known
+    size: int | None = None  # bytes of the file as published (None: not in the table)
+    raw_size: int | None = None  # bytes of the uncompressed content (with raw_md5)
+
+    @property
+    def max_bytes(self) -> int:
+        """The most bytes a copy of it may hold (a download stops there): its published size;
+        twice that where a re-compressed .gz is accepted (``raw_md5``: gzip -1 of MNIST's
+        images is 1.1 times the published file); ``limits.MAX_DOWNLOAD_BYTES`` for a file the
+        table gives no size."""
+        if self.size is None:
+            return limits.MAX_DOWNLOAD_BYTES
+        return 2 * self.size if self.raw_md5 else self.size
 
 
 @dataclass(frozen=True)
@@ -98,7 +111,7 @@ LOWER = tuple(string.ascii_lowercase)
 KEPT_LOWER = tuple("abdefghnqrt")
 
 EMNIST_SPLITS = ("letters", "digits", "balanced", "byclass", "bymerge", "mnist")
-EMNIST_ZIP = RemoteFile("gzip.zip", "58c8d27c78d21e728a6bc7b3cc06412e")
+EMNIST_ZIP = RemoteFile("gzip.zip", "58c8d27c78d21e728a6bc7b3cc06412e", size=561_753_746)
 EMNIST_MIRRORS = ("https://biometrics.nist.gov/cs_links/EMNIST/",
                   "https://www.itl.nist.gov/iaui/vip/cs_links/EMNIST/")
 _EMNIST_NAMES: dict[str, tuple[tuple[str, ...], tuple[int, ...]]] = {
@@ -126,13 +139,13 @@ KNOWN: dict[str, KnownDataset] = {
         format="idx",
         files=(
             RemoteFile("train-images-idx3-ubyte.gz", "f68b3c2dcbeaaa9fbdd348bbdeb94873",
-                       "6bbc9ace898e44ae57da46a324031adb"),
+                       "6bbc9ace898e44ae57da46a324031adb", size=9_912_422, raw_size=47_040_016),
             RemoteFile("train-labels-idx1-ubyte.gz", "d53e105ee54ea40749a09fcbcd1e9432",
-                       "a25bea736e30d166cdddb491f175f624"),
+                       "a25bea736e30d166cdddb491f175f624", size=28_881, raw_size=60_008),
             RemoteFile("t10k-images-idx3-ubyte.gz", "9fb629c4189551a2d022fa330f9573f3",
-                       "2646ac647ad5339dbf082846283269ea"),
+                       "2646ac647ad5339dbf082846283269ea", size=1_648_877, raw_size=7_840_016),
             RemoteFile("t10k-labels-idx1-ubyte.gz", "ec29112dd5afa0611ce80d1b7f02629c",
-                       "27ae3e4e09519cfbb04c329615203637"),
+                       "27ae3e4e09519cfbb04c329615203637", size=4_542, raw_size=10_008),
         ),
         mirrors=(
             "https://ossci-datasets.s3.amazonaws.com/mnist/",
@@ -146,10 +159,10 @@ KNOWN: dict[str, KnownDataset] = {
         name="fashion-mnist",
         format="idx",
         files=(
-            RemoteFile("train-images-idx3-ubyte.gz", "8d4fb7e6c68d591d4c3dfef9ec88bf0d"),
-            RemoteFile("train-labels-idx1-ubyte.gz", "25c81989df183df01b3e8a0aad5dffbe"),
-            RemoteFile("t10k-images-idx3-ubyte.gz", "bef4ecab320f06d8554ea6380940ec79"),
-            RemoteFile("t10k-labels-idx1-ubyte.gz", "bb300cfdad3c16e7a12a480ee83cd310"),
+            RemoteFile("train-images-idx3-ubyte.gz", "8d4fb7e6c68d591d4c3dfef9ec88bf0d", size=26_421_880),
+            RemoteFile("train-labels-idx1-ubyte.gz", "25c81989df183df01b3e8a0aad5dffbe", size=29_515),
+            RemoteFile("t10k-images-idx3-ubyte.gz", "bef4ecab320f06d8554ea6380940ec79", size=4_422_102),
+            RemoteFile("t10k-labels-idx1-ubyte.gz", "bb300cfdad3c16e7a12a480ee83cd310", size=5_148),
         ),
         mirrors=("http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/",
                  "https://raw.githubusercontent.com/zalandoresearch/fashion-mnist/master/data/fashion/"),
@@ -164,10 +177,10 @@ KNOWN: dict[str, KnownDataset] = {
         name="kmnist",
         format="idx",
         files=(
-            RemoteFile("train-images-idx3-ubyte.gz", "bdb82020997e1d708af4cf47b453dcf7"),
-            RemoteFile("train-labels-idx1-ubyte.gz", "e144d726b3acfaa3e44228e80efcd344"),
-            RemoteFile("t10k-images-idx3-ubyte.gz", "5c965bf0a639b31b8f53240b1b52f4d7"),
-            RemoteFile("t10k-labels-idx1-ubyte.gz", "7320c461ea6c1c855c0b718fb2a4b134"),
+            RemoteFile("train-images-idx3-ubyte.gz", "bdb82020997e1d708af4cf47b453dcf7", size=18_165_135),
+            RemoteFile("train-labels-idx1-ubyte.gz", "e144d726b3acfaa3e44228e80efcd344", size=29_497),
+            RemoteFile("t10k-images-idx3-ubyte.gz", "5c965bf0a639b31b8f53240b1b52f4d7", size=3_041_136),
+            RemoteFile("t10k-labels-idx1-ubyte.gz", "7320c461ea6c1c855c0b718fb2a4b134", size=5_120),
         ),
         mirrors=("http://codh.rois.ac.jp/kmnist/dataset/kmnist/",),
         class_names=("o", "ki", "su", "tsu", "na", "ha", "ma", "ya", "re", "wo"),
@@ -179,10 +192,10 @@ KNOWN: dict[str, KnownDataset] = {
         name="qmnist",
         format="idx",  # labels: int32 rows (N, 8), column 0 is the digit
         files=(
-            RemoteFile("qmnist-train-images-idx3-ubyte.gz", "ed72d4157d28c017586c42bc6afe6370"),
-            RemoteFile("qmnist-train-labels-idx2-int.gz", "0058f8dd561b90ffdd0f734c6a30e5e4"),
-            RemoteFile("qmnist-test-images-idx3-ubyte.gz", "1394631089c404de565df7b7aeaf9412"),
-            RemoteFile("qmnist-test-labels-idx2-int.gz", "5b5b05890a5e13444e108efe57b788aa"),
+            RemoteFile("qmnist-train-images-idx3-ubyte.gz", "ed72d4157d28c017586c42bc6afe6370", size=9_704_059),
+            RemoteFile("qmnist-train-labels-idx2-int.gz", "0058f8dd561b90ffdd0f734c6a30e5e4", size=463_024),
+            RemoteFile("qmnist-test-images-idx3-ubyte.gz", "1394631089c404de565df7b7aeaf9412", size=9_742_279),
+            RemoteFile("qmnist-test-labels-idx2-int.gz", "5b5b05890a5e13444e108efe57b788aa", size=526_800),
         ),
         mirrors=("https://raw.githubusercontent.com/facebookresearch/qmnist/master/",
                  "https://github.com/facebookresearch/qmnist/raw/master/"),
@@ -193,7 +206,7 @@ KNOWN: dict[str, KnownDataset] = {
     "cifar10": KnownDataset(
         name="cifar10",
         format="cifar",
-        files=(RemoteFile("cifar-10-python.tar.gz", "c58f30108f718f92721af3b95e74349a"),),
+        files=(RemoteFile("cifar-10-python.tar.gz", "c58f30108f718f92721af3b95e74349a", size=170_498_071),),
         mirrors=("https://www.cs.toronto.edu/~kriz/",),
         class_names=("airplane", "automobile", "bird", "cat", "deer", "dog", "frog",
                      "horse", "ship", "truck"),
@@ -359,16 +372,38 @@ def md5_of(path: Path) -> str:
 
 def matches(path: Path, f: RemoteFile, md5: str | None = None) -> bool:
     """Whether the file at ``path`` is the published ``f``: its md5 (``md5``, when known
-    already), or for a re-compressed .gz the md5 of its uncompressed content."""
-    if (md5 or md5_of(path)) == f.md5:
-        return True
-    if f.raw_md5 and f.name.endswith(".gz"):
+    already), or for a re-compressed .gz the md5 of its uncompressed content. A file larger
+    than ``f.max_bytes`` is not it (nothing read); a .gz is inflated only when its trailer
+    declares the known uncompressed size, and never past that size (a gzip bomb costs nothing)."""
+    with open_regular(path) as fh:
+        size = os.fstat(fh.fileno()).st_size
+        if size > f.max_bytes:
+            return False
+        if (md5 or _md5(fh)) == f.md5:
+            return True
+        if not (f.raw_md5 and f.raw_size is not None and f.name.endswith(".gz")) or size < 18:
+            return False
+        fh.seek(-4, os.SEEK_END)  # gzip's ISIZE: the content's length mod 2**32
+        if int.from_bytes(fh.read(4), "little") != f.raw_size % (1 << 32):
+            return False
+        fh.seek(0)
         try:
-            with open_regular(path) as fh, gzip.GzipFile(fileobj=fh, mode="rb") as g:
-                return _md5(g) == f.raw_md5
+            with gzip.GzipFile(fileobj=fh, mode="rb") as g:
+                return _md5(_Capped(g, f.raw_size)) == f.raw_md5 and g.read(1) == b""
         except (OSError, EOFError, zlib.error):  # not gzip, or damaged: not the file
             return False
-    return False
+
+
+class _Capped:
+    """The first ``most`` bytes of a stream, read as ``_md5`` reads (no more are inflated)."""
+
+    def __init__(self, f: BinaryIO, most: int):
+        self.f, self.left = f, most
+
+    def read(self, n: int) -> bytes:
+        chunk = self.f.read(min(n, self.left))
+        self.left -= len(chunk)
+        return chunk
 
 
 def verify(ds: KnownDataset, folder: Path) -> None:
@@ -378,6 +413,11 @@ def verify(ds: KnownDataset, folder: Path) -> None:
         p = folder / f.name
         if ds.format == "emnist" and not p.is_file():
             continue  # the separate files, placed by hand
+        with open_regular(p) as fh:
+            size = os.fstat(fh.fileno()).st_size
+        if size > f.max_bytes:  # not read: a huge file named like the published one
+            fail(p, f"{size:,} bytes, over the {f.max_bytes:,} a copy of the published {ds.name} "
+                    f"file {f.name} may hold; is this really {ds.name}?")
         got = md5_of(p)
         if not matches(p, f, got):
             fail(p, f"checksum does not match the published {ds.name} file {f.name} "

@@ -10,19 +10,25 @@ first mirror comes from the second). A file's URL is a mirror's base URL + the f
 ``$MNISTFLOW_MIRRORS`` (base URLs, comma-separated) replaces every dataset's own mirrors: a
 local copy, or a machine behind a proxy; ``$MNISTFLOW_MIRROR`` (one base URL) is tried first.
 
-Retries: a timeout (``TIMEOUT`` seconds without a byte, ``$MNISTFLOW_DOWNLOAD_TIMEOUT``), a
-refused or reset connection, or HTTP 5xx/408/429 is retried at the same mirror ``RETRIES``
-times (``$MNISTFLOW_DOWNLOAD_RETRIES``), after ``BACKOFF`` seconds, then twice as long each
-time. Other HTTP errors (404, 403, ...) go to the next mirror at once. A mirror never reached
-(the name does not resolve, no route, a bad certificate, or no answer through all the retries)
-is skipped for the files after.
+Retries: a timeout (``TIMEOUT`` seconds without a byte, ``$MNISTFLOW_DOWNLOAD_TIMEOUT``, or
+fewer than ``limits.MIN_DOWNLOAD_RATE`` bytes a second over that long), a refused or reset
+connection, or HTTP 5xx/408/429 is retried at the same mirror ``RETRIES`` times
+(``$MNISTFLOW_DOWNLOAD_RETRIES``), after ``BACKOFF`` seconds, then twice as long each time.
+Other HTTP errors (404, 403, a redirect loop, ...) go to the next mirror at once. A mirror never
+reached (the name does not resolve, no route, a bad certificate, or no answer through all the
+retries) is skipped for the files after.
+
+Size: a file never grows past ``RemoteFile.max_bytes`` (its published size; twice that where
+a re-compressed .gz is accepted): a mirror that declares more, or sends more, goes to the next
+mirror and its bytes are deleted. With the rate floor and the bounded tries, every mirror's
+time for a file is bounded too (an endless body or a one-byte drip ends).
 
 Resume: a file streams to ``<dest>/<file>.part``. After a dropped connection the next request
 asks for the rest (HTTP Range): a server answering 206 continues the part, one ignoring Range
-(200) sends the whole file and the part starts over. A drop after new bytes is retried at once
-and does not count as a failure. A part left by an interrupted run (Ctrl-C, every mirror
-failed mid-file) is resumed by the next run. A part is locked (``flock``) while written: two
-processes downloading into one folder take turns.
+(200) sends the whole file and the part starts over. A drop after new bytes is retried at once,
+without a failure counted, at most ``limits.MAX_DOWNLOAD_RESUMES`` times at one mirror. A part
+left by an interrupted run (Ctrl-C, every mirror failed mid-file) is resumed by the next run. A
+part is locked (``flock``) while written: two processes downloading into one folder take turns.
 
 Verification: the md5 of the part must be the published one (or, for a re-compressed .gz, the
 md5 of its content) before the part is fsynced and renamed into place: a file with a wrong
@@ -51,7 +57,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
-from mnistflow.core import log
+from mnistflow.core import limits, log
 from mnistflow.core import progress as _progress
 from mnistflow.core.errors import MnistflowError, fail
 from mnistflow.core.fsutil import fsync_dir
@@ -76,9 +82,10 @@ _sleep = time.sleep  # the tests watch the backoff through it
 class _Retry(Exception):
     """Worth another try at the same mirror (timeout, reset, 5xx, a dropped connection)."""
 
-    def __init__(self, why: str, answered: bool = False):
+    def __init__(self, why: str, answered: bool = False, slow: bool = False):
         super().__init__(why)
         self.answered = answered  # the server got as far as an HTTP status
+        self.slow = slow  # bytes came, but under the rate floor: a failure all the same
 
 
 class _NextMirror(Exception):
@@ -209,10 +216,19 @@ def _size(fh: IO[bytes]) -> int:
     return fh.seek(0, os.SEEK_END)
 
 
-def _attempt(url: str, fh: IO[bytes], part: Path, timeout: float, show: _Show) -> bool:
+def _http_error(e: urllib.error.HTTPError) -> str:
+    """An HTTP error status as one short line (urllib's redirect-loop reason spans lines)."""
+    reason = " ".join(str(e.reason or "").split())
+    if 300 <= e.code < 400 and "infinite loop" in reason:
+        return f"HTTP {e.code}: redirects in a loop (or more than " \
+               f"{urllib.request.HTTPRedirectHandler.max_redirections})"
+    return f"HTTP {e.code} {reason[:100]}".rstrip()
+
+
+def _attempt(url: str, fh: IO[bytes], part: Path, timeout: float, show: _Show, most: int) -> bool:
     """One request for ``url`` into ``fh`` (the part), asking for the rest when the part holds
-    bytes already; returns whether the part continued earlier bytes. Raises _Retry,
-    _NextMirror or _MirrorDown."""
+    bytes already; returns whether the part continued earlier bytes. The part never grows past
+    ``most`` bytes. Raises _Retry, _NextMirror or _MirrorDown."""
     have = _size(fh)
     headers = {"User-Agent": _AGENT}
     if have:
@@ -221,12 +237,11 @@ def _attempt(url: str, fh: IO[bytes], part: Path, timeout: float, show: _Show) -
         resp = urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=timeout)
     except urllib.error.HTTPError as e:
         e.close()
-        why = f"HTTP {e.code} {e.reason or ''}".rstrip()
         if e.code == 416 and have:  # nothing after ``have``: the part may be whole already
             return True
         if e.code >= 500 or e.code in (408, 429):
-            raise _Retry(why, answered=True) from None
-        raise _NextMirror(why) from None
+            raise _Retry(_http_error(e), answered=True) from None
+        raise _NextMirror(_http_error(e)) from None
     except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError) as e:
         raise _failure(e, timeout) from None
     with resp:
@@ -239,53 +254,79 @@ def _attempt(url: str, fh: IO[bytes], part: Path, timeout: float, show: _Show) -
         else:  # 200: the whole file, whether a range was asked for or not
             have = 0
             n = resp.headers.get("Content-Length", "")
-            total = int(n) if n.isdigit() else None
-        continued = have > 0
-        got = have
+            total = int(n) if n.isdigit() and len(n) < 30 else None
+        if total is not None and total > most:
+            raise _NextMirror(f"offers {total:,} bytes; a copy of the file holds at most {most:,}")
         fh.truncate(have)
         fh.seek(have)
         show.start(url, have, total)
-        try:
-            while True:
-                try:
-                    chunk = resp.read1(_CHUNK)
-                except (OSError, http.client.HTTPException) as e:
-                    why = (f"stalled for {timeout:g} s" if isinstance(e, TimeoutError)
-                           else str(_failure(e, timeout)))
-                    raise _Retry(f"{why} at {_mb(got)}", answered=True) from None
-                if not chunk:
-                    break
-                fh.write(chunk)
-                got += len(chunk)
-                show.update(got)
-            fh.flush()
-        except OSError as e:  # the part's own write: disk full, ...
-            fail(part, f"cannot write ({e.strerror or e})")
+        got = _stream(resp, fh, part, have, most, timeout, show)
     if total is not None and got != total:
         raise _Retry(f"connection dropped at {_mb(got)} of {_mb(total)}", answered=True)
     if got == 0:
         raise _NextMirror("sent an empty file")
-    return continued
+    return have > 0
+
+
+def _stream(resp, fh: IO[bytes], part: Path, got: int, most: int, timeout: float, show: _Show) -> int:
+    """The response's body appended to the part (holding ``got`` bytes); returns its size.
+    Past ``most`` bytes the part is emptied (_NextMirror); under ``limits.MIN_DOWNLOAD_RATE``
+    over a ``timeout`` window it is a stall (_Retry, slow); a failed write of the part (disk
+    full) empties it too and is the one error line."""
+    window_t0, window_got = time.monotonic(), got
+    try:
+        while True:
+            try:
+                chunk = resp.read1(_CHUNK)
+            except (OSError, http.client.HTTPException) as e:
+                why = (f"stalled for {timeout:g} s" if isinstance(e, TimeoutError)
+                       else str(_failure(e, timeout)))
+                raise _Retry(f"{why} at {_mb(got)}", answered=True) from None
+            if not chunk:
+                break
+            if got + len(chunk) > most:
+                fh.truncate(0)
+                raise _NextMirror(f"sent more than {most:,} bytes, the most a copy of the file holds")
+            fh.write(chunk)
+            got += len(chunk)
+            show.update(got)
+            now = time.monotonic()
+            if now - window_t0 >= timeout:
+                if got - window_got < limits.MIN_DOWNLOAD_RATE * (now - window_t0):
+                    raise _Retry(f"slower than {limits.MIN_DOWNLOAD_RATE / 1e3:g} kB/s for "
+                                 f"{now - window_t0:.0f} s at {_mb(got)}", answered=True, slow=True)
+                window_t0, window_got = now, got
+        fh.flush()
+    except OSError as e:  # the part's own write: disk full, ...
+        with contextlib.suppress(OSError):
+            fh.truncate(0)  # (not kept to fill the disk: the next run starts it again)
+        fail(part, f"cannot write ({e.strerror or e}); the partial download was deleted")
+    return got
 
 
 def _from_mirror(url: str, f: RemoteFile, fh: IO[bytes], part: Path,
                  settings: tuple[float, int], show: _Show) -> None:
     """Fetch ``url`` into the part until its checksum is the published one; raises
-    _NextMirror or _MirrorDown (the part kept where it may be continued elsewhere)."""
+    _NextMirror or _MirrorDown (the part kept where it may be continued elsewhere). Every try
+    counts: one that failed without new bytes (or too slowly) against the retries, one that
+    ended after new bytes against ``limits.MAX_DOWNLOAD_RESUMES``."""
     timeout, retries = settings
-    failures = tries = 0
-    best = _size(fh)  # the most bytes the part held: a failure after new bytes is no failure
+    failures = tries = resumes = 0
+    best = _size(fh)  # the most bytes the part held: a failure after new bytes is a resume
     answered = refetched = False
     while True:
         tries += 1
         try:
-            continued = _attempt(url, fh, part, timeout, show)
+            continued = _attempt(url, fh, part, timeout, show, f.max_bytes)
         except _Retry as e:
             answered |= e.answered
             now = _size(fh)
-            if now > best:
-                best = now
-                continue
+            gained, best = now > best, max(best, now)
+            if gained and not e.slow:
+                resumes += 1
+                if resumes <= limits.MAX_DOWNLOAD_RESUMES:
+                    continue
+                raise _NextMirror(f"{e} ({tries} tries)") from None
             failures += 1
             if failures > retries:
                 why = f"{e} ({tries} tries)" if tries > 1 else str(e)
@@ -355,6 +396,8 @@ def _fetch_file(f: RemoteFile, bases: list[str], dest: Path, down: dict[str, str
         if final.is_file() and matches(final, f):  # there already, or another process did it
             fh.truncate(0)
             return []
+        if _size(fh) > f.max_bytes:  # left by something else: not a part of this file
+            fh.truncate(0)
         tried: list[tuple[str, str]] = []
         show = _Show(f.name)
         try:

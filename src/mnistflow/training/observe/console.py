@@ -91,7 +91,7 @@ class ConsoleLogger:
                  bar_stream: IO | None = None, keep_every_s: float = KEEP_EVERY_S,
                  clock: Callable[[], float] = time.monotonic):
         self.total = total_steps
-        self.stream = stream or sys.stdout
+        self._stream = stream
         self.tty = is_terminal(self.stream)
         self.quiet = quiet
         self.keep_every_s, self.clock = keep_every_s, clock
@@ -106,6 +106,12 @@ class ConsoleLogger:
         self._kept_at = clock()
 
     # --- output ---------------------------------------------------------------------------
+    @property
+    def stream(self) -> IO:
+        """The stream given, else ``sys.stdout`` as it is when written to (the training loop
+        guards it: ``checkpointing.StdoutGuard``)."""
+        return self._stream or sys.stdout
+
     def _emit(self, text: str) -> None:
         """A line that stays (above the bar, over an in-place row)."""
         if self.quiet:

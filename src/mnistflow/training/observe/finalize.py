@@ -36,9 +36,11 @@ class FinalizeGuard:
         self.snapshot = self._state()
         self._handles = []
 
-    def _state(self) -> dict[str, int]:
-        return {f"param {n}": id(p) for n, p in self.model.named_parameters()} | \
-               {f"module {n or type(self.model).__name__}": id(m) for n, m in self.model.named_modules()}
+    def _state(self) -> dict[str, tuple]:
+        """Each parameter and module, by name: which object, and a parameter's shape and dtype
+        (``p.data = ...`` keeps the object and changes what it holds)."""
+        return {f"param {n}": (id(p), tuple(p.shape), p.dtype) for n, p in self.model.named_parameters()} | \
+               {f"module {n or type(self.model).__name__}": (id(m),) for n, m in self.model.named_modules()}
 
     def _param_registered(self, module, name, value):
         # Fires while a new layer builds its own parameters (before it is attached anywhere).
@@ -57,15 +59,23 @@ class FinalizeGuard:
                          register_module_module_registration_hook(self._module_registered)]
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, exc_type, exc, tb):
         for h in self._handles:
             h.remove()
         self._handles = []
+        # A step that failed after a hook changed the model (a weight given another shape: a
+        # raw matmul error in the next forward) is reported as that change, named.
+        if exc_type is not None and not isinstance(exc, MnistflowError) and issubclass(exc_type, Exception):
+            self.check("a step failed after it")
         return False
 
     def on_step_end(self, step: int, logs: dict) -> None:
         if "loss" not in logs:  # checked on logged steps only (the loop's cheap steps skip it)
             return
+        self.check(f"at step {step}")
+
+    def check(self, when: str) -> None:
+        """Raise ``GraphModified`` naming what changed since setup, if anything did."""
         now = self._state()
         if now != self.snapshot:
             added = sorted(set(now) - set(self.snapshot))
@@ -73,5 +83,14 @@ class FinalizeGuard:
             changed = sorted(k for k in set(now) & set(self.snapshot) if now[k] != self.snapshot[k])
             what = "; ".join(x for x in (f"added {', '.join(added)}" if added else "",
                                          f"removed {', '.join(gone)}" if gone else "",
-                                         f"replaced {', '.join(changed)}" if changed else "") if x)
-            raise GraphModified(f"the model changed during training at step {step}: {what}")
+                                         f"replaced {', '.join(map(self._change, changed))}" if changed else "")
+                             if x)
+            raise GraphModified(f"the model changed during training ({when}): {what}")
+
+    def _change(self, key: str) -> str:
+        """``key`` and, for a parameter whose object stayed, what it holds now."""
+        (was_id, *was), (now_id, *now) = self.snapshot[key], self._state()[key]
+        if was_id != now_id or not was:
+            return key
+        (shape0, dtype0), (shape1, dtype1) = was, now
+        return key + (f" (shape {shape0} -> {shape1})" if shape0 != shape1 else f" ({dtype0} -> {dtype1})")

@@ -9,6 +9,7 @@ What a hook returned is in the record of its step, under its own name.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 from mnistflow.core.errors import os_error
@@ -25,7 +26,9 @@ class MetricsFile:
 
     def write(self, kind: str, step: int, logs: dict) -> None:
         rec = {"kind": kind, "step": step}
-        rec.update({k: v for k, v in logs.items() if isinstance(v, (int, float, str, bool))})
+        # a NaN or an infinity (a hook's, an empty evaluation's) is null: JSON has no NaN
+        rec.update({k: None if isinstance(v, float) and not math.isfinite(v) else v
+                    for k, v in logs.items() if isinstance(v, (int, float, str, bool))})
         try:
             self._f.write(json.dumps(rec) + "\n")
         except OSError as e:  # a full disk: one line naming the file
