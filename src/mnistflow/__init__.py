@@ -28,6 +28,7 @@ _API = {
     "TrainConfig": ("mnistflow.training.config", "TrainConfig"),
     "evaluate": ("mnistflow.inference", "evaluate"),
     "predict": ("mnistflow.inference", "predict"),
+    "predict_batches": ("mnistflow.inference", "predict_batches"),
     "load_model": ("mnistflow.artifacts.model_file", "load_model"),
     "load_any": ("mnistflow.artifacts.load", "load_any"),
     "export": ("mnistflow.exporting", "export"),

@@ -322,7 +322,8 @@ def _add_eval(sub) -> None:
     p.add_argument("--model", dest="model_name", help="the model name for an npz of parameters")
     p.add_argument("--data", type=Path, help="records or raw data (default: the model's own records)")
     p.add_argument("--device", default="auto")
-    p.add_argument("--batch-size", type=_int_in(1, limits.MAX_INT), default=2000)
+    p.add_argument("--batch-size", type=_int_in(1, limits.MAX_INT), default=None,
+                   help="images per forward pass (default: one that fits a CPU's caches; 2000 on a GPU)")
     p.add_argument("--tta", type=int, default=0, metavar="N",
                    help="average each prediction over N one-pixel shifts too (0, 2, 4, 8), as --tta in training")
     p.add_argument("--precision", default="auto", choices=choices.PRECISIONS,
@@ -354,7 +355,16 @@ def _add_predict(sub) -> None:
                         "and centred)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--model", dest="model_name", help="the model name for an npz of parameters")
-    p.add_argument("--json", action="store_true")
+    out = p.add_mutually_exclusive_group()
+    out.add_argument("--format", default="table", choices=choices.PREDICT_FORMATS,
+                     help="table (default), json (one array), jsonl (one object a line) or csv; "
+                          "written as the images are classified")
+    out.add_argument("--json", action="store_true", help="--format json, and no progress bar")
+    p.add_argument("--batch-size", type=_int_in(1, limits.MAX_INT), default=None,
+                   help="images per forward pass (default: one that fits a CPU's caches)")
+    p.add_argument("--precision", default="fp32", choices=choices.PRECISIONS,
+                   help="fp32 (default: as serve and the exports), bf16 (faster on CPUs with bf16 units; "
+                        "a few answers differ), or auto: as eval, the run's own where this device runs it fast")
     p.add_argument("--max-pixels", type=_int_in(1, limits.MAX_INT), default=None, metavar="N",
                    help="largest picture decoded, in pixels, checked from its header before decoding "
                         "(default 16,777,216 = 4096x4096)")
@@ -362,13 +372,11 @@ def _add_predict(sub) -> None:
 
 
 def _run_predict(a) -> int:
-    import json
+    from mnistflow.inference import predict_batches, write_predictions
 
-    from mnistflow.inference import format_predictions, predict
-
-    preds = predict(a.model, a.images, as_is=a.as_is, device=a.device, model_name=a.model_name,
-                    max_pixels=a.max_pixels)
-    print(json.dumps(preds) if a.json else format_predictions(preds))
+    preds = predict_batches(a.model, a.images, as_is=a.as_is, device=a.device, model_name=a.model_name,
+                            max_pixels=a.max_pixels, precision=a.precision, batch_size=a.batch_size)
+    write_predictions(preds, "json" if a.json else a.format)
     return 0
 
 

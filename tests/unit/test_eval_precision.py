@@ -40,19 +40,19 @@ def _run(tmp_path, summary: str | None):
 def test_auto_takes_the_runs_own_precision_where_it_runs_fast(tmp_path, bf16_cpu, ran, bf16_units, want):
     bf16_cpu["bf16"] = bf16_units
     run = _run(tmp_path, json.dumps({"precision": ran} if ran else {}))
-    assert inference._eval_precision("auto", run, CPU) == want
+    assert inference._precision_for("auto", run, CPU) == want
 
 
 def test_a_model_file_or_an_unreadable_summary_is_evaluated_in_fp32(tmp_path, bf16_cpu):
-    assert inference._eval_precision("auto", tmp_path / "model.safetensors", CPU) == "fp32"
-    assert inference._eval_precision("auto", _run(tmp_path, "{not json"), CPU) == "fp32"
+    assert inference._precision_for("auto", tmp_path / "model.safetensors", CPU) == "fp32"
+    assert inference._precision_for("auto", _run(tmp_path, "{not json"), CPU) == "fp32"
 
 
 def test_a_precision_given_is_used(tmp_path, bf16_cpu):
     run = _run(tmp_path, json.dumps({"precision": "bf16"}))
-    assert inference._eval_precision("fp32", run, CPU) == "fp32"
+    assert inference._precision_for("fp32", run, CPU) == "fp32"
     bf16_cpu["bf16"] = False
-    assert inference._eval_precision("bf16", run, CPU) == "bf16"
+    assert inference._precision_for("bf16", run, CPU) == "bf16"
 
 
 # --- a summary.json that cannot be used (sweep 2, D3): one warning, eval goes on in fp32 ---------
@@ -68,7 +68,7 @@ def test_a_summary_that_is_not_an_object_of_figures_is_ignored_with_one_warning(
         tmp_path, bf16_cpu, capsys, text, why):
     """Was an AttributeError traceback for a list or null (``json.loads(...).get``)."""
     run = _run(tmp_path, text)
-    assert inference._eval_precision("auto", run, CPU) == "fp32"
+    assert inference._precision_for("auto", run, CPU) == "fp32"
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 1, err
     assert err[0].startswith(f"mnistflow: warning: {run / 'summary.json'}: {why}"), err
@@ -83,7 +83,7 @@ def test_a_huge_summary_is_refused_from_its_size_not_read(tmp_path, bf16_cpu, ca
     run = _run(tmp_path, None)
     with open(run / "summary.json", "wb") as f:
         f.truncate(256 << 20)
-    got, grew = memory.peak_growth(lambda: inference._eval_precision("auto", run, CPU))
+    got, grew = memory.peak_growth(lambda: inference._precision_for("auto", run, CPU))
     assert got == "fp32"
     assert grew < 32 << 20, f"{grew / 2**20:.0f} MiB ({memory.METHOD})"
     err = capsys.readouterr().err

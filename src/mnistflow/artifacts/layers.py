@@ -34,7 +34,7 @@ import torch
 import torch.nn as nn
 
 from mnistflow.artifacts.model_info import ModelInfo
-from mnistflow.artifacts.predictor import torch_probabilities
+from mnistflow.artifacts.predictor import inference_model, torch_probabilities
 from mnistflow.core.errors import MnistflowError
 from mnistflow.core.limits import MAX_LAYER_VALUES
 
@@ -97,7 +97,7 @@ def layers(model: nn.Module, info: ModelInfo, image: np.ndarray,
     execution order, then ``probabilities`` (kind ``softmax``, the model's class order); bounded
     by ``max_values`` as the module docstring says. ``model``: an ``nn.Module`` (or a
     ``TorchBackend``) in eval mode."""
-    net = torch_model(model)
+    net = inference_model(torch_model(model))  # as the predictor runs it
     c, h, w = info.in_shape
     if not isinstance(image, np.ndarray) or image.dtype != np.uint8 or image.shape != (h, w, c):
         got = f"{image.dtype} {'x'.join(map(str, image.shape))}" if isinstance(image, np.ndarray) \

@@ -102,18 +102,19 @@ def _bar_class() -> type:
 
 def progress(total: float | None, desc: str, unit: str = "it", enabled: bool = True, *,
              stream: IO | None = None, initial: float = 0, unit_scale: bool = False,
-             leave: bool = False, mininterval: float = 0.2) -> Any:
+             leave: bool = False, mininterval: float = 0.2, delay: float = 0) -> Any:
     """A progress bar (a ``tqdm``: ``update(n)``, ``set_postfix_str``, ``close``, a context
     manager) of ``total`` ``unit``s on ``stream`` (stderr). Disabled, writing nothing, when
     ``enabled`` is false, inside :func:`quiet`, or when the stream is not a terminal.
     ``leave=False``: the bar is erased when closed (the operation's result line follows);
-    ``mininterval``: the fewest seconds between two redraws (0 for rare updates: each shows)."""
+    ``mininterval``: the fewest seconds between two redraws (0 for rare updates: each shows);
+    ``delay``: seconds before the bar first shows (an operation that ends sooner shows none)."""
     stream = sys.stderr if stream is None else stream
     on = enabled and not _quiet[0] and is_terminal(stream)
     return _bar_class()(total=total, desc=desc, unit=unit, file=stream, disable=not on,
                         initial=initial, unit_scale=unit_scale, leave=leave, ncols=columns(stream),
                         dynamic_ncols=False, mininterval=mininterval,
-                        miniters=1 if mininterval == 0 else None, smoothing=0.3)
+                        miniters=1 if mininterval == 0 else None, smoothing=0.3, delay=delay)
 
 
 @contextlib.contextmanager
@@ -161,11 +162,16 @@ def fit(text: str, stream: IO | None) -> str:
 
 def above_bars(stream: IO) -> contextlib.AbstractContextManager:
     """Around a write to ``stream``: clear the bars showing, redraw them after (a no-op while
-    no bar exists)."""
+    no bar shows: none exists, or each is still in its ``delay``)."""
     tqdm = sys.modules.get("tqdm")  # a bar exists only once tqdm is imported
-    if tqdm is None or not getattr(tqdm.tqdm, "_instances", None):
+    if tqdm is None or not any(_shown(bar) for bar in getattr(tqdm.tqdm, "_instances", ())):
         return contextlib.nullcontext()
     return tqdm.tqdm.external_write_mode(file=stream)
+
+
+def _shown(bar: Any) -> bool:
+    """Whether ``bar`` has been drawn (tqdm draws a delayed bar first after its ``delay``)."""
+    return getattr(bar, "last_print_t", 0) >= getattr(bar, "start_t", 0) + getattr(bar, "delay", 0)
 
 
 def close_all() -> None:

@@ -210,23 +210,60 @@ def _jiffies(cpus: set[int]) -> tuple[int, int]:
     return busy, total
 
 
+class BusyCores:
+    """Cores of this process's CPU set kept busy by other processes, measured from its making
+    to ``elsewhere()``: over a sleep (``busy_cores_elsewhere``), or over this process's own
+    work (loading a model), whose CPU time is taken out (Linux; 0.0 where /proc/stat is
+    missing)."""
+
+    def __init__(self) -> None:
+        try:
+            self.cpus = os.sched_getaffinity(0)
+            self.start = (_jiffies(self.cpus), os.times(), time.monotonic())
+        except (OSError, AttributeError, ValueError):
+            self.start = None
+
+    def elsewhere(self) -> float:
+        if self.start is None:
+            return 0.0
+        (b0, t0), own0, w0 = self.start
+        try:
+            b1, t1 = _jiffies(self.cpus)
+        except (OSError, ValueError):
+            return 0.0
+        own1, wall = os.times(), time.monotonic() - w0
+        if t1 <= t0 or wall <= 0:
+            return 0.0
+        busy = (b1 - b0) / (t1 - t0) * len(self.cpus)
+        own = (own1.user - own0.user + own1.system - own0.system) / wall
+        return max(0.0, busy - own)
+
+
 def busy_cores_elsewhere(sample_s: float = 0.25) -> float:
     """Cores of this process's CPU set kept busy by other processes, sampled over ``sample_s``
     while this process sleeps (Linux; 0.0 where /proc/stat is missing)."""
+    sample = BusyCores()
+    time.sleep(sample_s)
+    return sample.elsewhere()
+
+
+@lru_cache(maxsize=1)
+def l3_bytes() -> int | None:
+    """The size of the last-level (L3) cache the first CPU uses, from sysfs (Linux); None where
+    it is not told."""
+    root = "/sys/devices/system/cpu/cpu0/cache"
     try:
-        cpus = os.sched_getaffinity(0)
-        b0, t0 = _jiffies(cpus)
-        own0 = os.times()
-        time.sleep(sample_s)
-        b1, t1 = _jiffies(cpus)
-        own1 = os.times()
-    except (OSError, AttributeError, ValueError):
-        return 0.0
-    if t1 <= t0:
-        return 0.0
-    busy = (b1 - b0) / (t1 - t0) * len(cpus)
-    own = (own1.user - own0.user + own1.system - own0.system) / sample_s
-    return max(0.0, busy - own)
+        for entry in sorted(e for e in os.listdir(root) if e.startswith("index")):
+            with open(f"{root}/{entry}/level") as f:
+                if f.read().strip() != "3":
+                    continue
+            with open(f"{root}/{entry}/size") as f:
+                size = f.read().strip().upper()
+            units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+            return int(size[:-1]) * units[size[-1]] if size[-1] in units else int(size)
+    except (OSError, ValueError):
+        pass
+    return None
 
 
 def threads_for_load(threads: int, cores: int, busy: float) -> int:

@@ -192,11 +192,11 @@ def stored_transposed(src: Path | str | ZipMember) -> bool:
     return EMNIST_IMAGES.match(name) is not None
 
 
-def read_idx(path: Path | str | ZipMember, max_bytes: int | None = None) -> np.ndarray:
-    """Read one IDX(.gz) file (or zip member) into a read-only array, streamed; the declared
-    size is checked against what the file can hold and ``max_bytes`` (default
-    ``core.limits.MAX_DATASET_BYTES``) before it is allocated. EMNIST's image files
-    (``stored_transposed``) come out upright: the one place that turns them."""
+@contextlib.contextmanager
+def _open_idx(path: Path | str | ZipMember) -> Iterator[tuple[BinaryIO, tuple[int, ...], np.dtype]]:
+    """(stream at the first data byte, shape, dtype) of an IDX file, its header checked and its
+    declared size against what the file can hold (exactly its size, or for gzip what deflate
+    can expand it to) before anything is sized from it."""
     with open_source(path) as (f, size, gz):
         code, ndim = _header(_read_exact(f, 4), path)
         shape = _shape(_read_exact(f, 4 * ndim), ndim, path)
@@ -211,24 +211,45 @@ def read_idx(path: Path | str | ZipMember, max_bytes: int | None = None) -> np.n
         if gz and expected > max_expanded(size, gz):
             fail(path, f"header says {shape} ({expected:,} bytes of data), more than this "
                        f"{size:,}-byte gzip file can hold: a corrupt or hostile header")
-        check_dataset_bytes(path, expected, max_bytes)
-        buf = np.empty(expected, np.uint8)
-        got = 0
-        view = memoryview(buf)
-        while got < expected:
-            n = f.readinto(view[got:got + _CHUNK])
-            if not n:
-                fail(path, f"truncated: header says {shape} ({expected} bytes of data), file has {got}")
-            got += n
-        extra = 0
-        while extra <= _CHUNK:  # count trailing bytes, but never inflate a bomb to do it
-            more = f.read(1 << 20)
-            if not more:
-                break
-            extra += len(more)
-        if extra:
-            many = f"more than {_CHUNK:,}" if extra > _CHUNK else str(extra)
-            fail(path, f"{many} unexpected trailing bytes after the {shape} array")
+        yield f, shape, dtype
+
+
+def _read_into(f: BinaryIO, out: np.ndarray, path: Path | str | ZipMember, shape: tuple[int, ...],
+               declared: int, done: int = 0) -> None:
+    """Fill ``out`` (a contiguous uint8 buffer) from ``f``: a file that ends first is truncated
+    (``declared``: the array's bytes, ``done`` of them read before ``out``)."""
+    view = memoryview(out.reshape(-1))
+    got = 0
+    while got < len(view):
+        n = f.readinto(view[got:got + _CHUNK])
+        if not n:
+            fail(path, f"truncated: header says {shape} ({declared} bytes of data), file has {done + got}")
+        got += n
+
+
+def _check_end(f: BinaryIO, path: Path | str | ZipMember, shape: tuple[int, ...]) -> None:
+    """No bytes after the declared array: counted, but never a bomb inflated to do it."""
+    extra = 0
+    while extra <= _CHUNK:
+        more = f.read(1 << 20)
+        if not more:
+            break
+        extra += len(more)
+    if extra:
+        many = f"more than {_CHUNK:,}" if extra > _CHUNK else str(extra)
+        fail(path, f"{many} unexpected trailing bytes after the {shape} array")
+
+
+def read_idx(path: Path | str | ZipMember, max_bytes: int | None = None) -> np.ndarray:
+    """Read one IDX(.gz) file (or zip member) into a read-only array, streamed; the declared
+    size is checked against what the file can hold and ``max_bytes`` (default
+    ``core.limits.MAX_DATASET_BYTES``) before it is allocated. EMNIST's image files
+    (``stored_transposed``) come out upright: the one place that turns them."""
+    with _open_idx(path) as (f, shape, dtype):
+        check_dataset_bytes(path, _nbytes(shape, dtype), max_bytes)
+        buf = np.empty(_nbytes(shape, dtype), np.uint8)
+        _read_into(f, buf, path, shape, len(buf))
+        _check_end(f, path, shape)
     arr = buf.view(dtype).reshape(shape)
     if stored_transposed(path):
         _transpose_items(arr, path)
@@ -247,21 +268,59 @@ def _transpose_items(arr: np.ndarray, path: Path | str | ZipMember) -> None:
 
 
 def read_idx_images(path: Path | str | ZipMember, ranks: tuple[int, ...] = (3, 4)) -> np.ndarray:
-    """An IDX image file (``prep`` and ``predict`` both read them here) as uint8 (N, H, W) or
-    (N, H, W, C): of one of ``ranks``, at least one image, no side of size 0 (images of no
-    pixels would become records every reader refuses, or predictions made from nothing), and
-    pixels by the readers' one rule (``raw.as_pixels``: a float or wider-integer file whose
-    values are integers 0..255 is accepted; NaN, fractions such as 0..1 floats, or values
-    outside 0..255 are refused)."""
+    """An IDX image file (``prep`` reads them here; ``predict`` a batch at a time,
+    :class:`IdxImages`) as uint8 (N, H, W) or (N, H, W, C): of one of ``ranks``, at least one
+    image, no side of size 0 (images of no pixels would become records every reader refuses, or
+    predictions made from nothing), and pixels by the readers' one rule (``raw.as_pixels``: a
+    float or wider-integer file whose values are integers 0..255 is accepted; NaN, fractions
+    such as 0..1 floats, or values outside 0..255 are refused)."""
     x = read_idx(path)
-    if x.ndim not in ranks:
-        want = " or ".join({3: "(N, H, W)", 4: "(N, H, W, C)"}[r] for r in ranks)
-        fail(path, f"expected an IDX image file {want}, got shape {x.shape}")
-    if 0 in x.shape[1:]:
-        fail(path, f"IDX images of shape {x.shape}: a side of size 0, so the images hold no pixels")
-    if not len(x):
-        fail(path, f"holds no images (shape {x.shape})")
+    _check_images(path, x.shape, ranks)
     return as_pixels(x, path, "image data")
+
+
+def _check_images(path: Path | str | ZipMember, shape: tuple[int, ...], ranks: tuple[int, ...]) -> None:
+    if len(shape) not in ranks:
+        want = " or ".join({3: "(N, H, W)", 4: "(N, H, W, C)"}[r] for r in ranks)
+        fail(path, f"expected an IDX image file {want}, got shape {shape}")
+    if 0 in shape[1:]:
+        fail(path, f"IDX images of shape {shape}: a side of size 0, so the images hold no pixels")
+    if not shape[0]:
+        fail(path, f"holds no images (shape {shape})")
+
+
+class IdxImages:
+    """An IDX image file read a batch at a time (``predict``'s reader: memory bounded by the
+    batch, whatever the file holds). Opening it reads and checks the header only (the shape,
+    as :func:`read_idx_images` checks it, and the declared size against the file's);
+    :meth:`batches` streams the images, each batch checked as :func:`read_idx_images` checks
+    the whole file (pixels, EMNIST's files turned upright), and the end of the file at the
+    end. A file found broken part-way (a truncated gzip stream) fails there."""
+
+    def __init__(self, path: Path | str | ZipMember, ranks: tuple[int, ...] = (3, 4)):
+        with _open_idx(path) as (_, shape, dtype):
+            _check_images(path, shape, ranks)
+        if stored_transposed(path) and (len(shape) != 3 or shape[1] != shape[2]):
+            fail(path, f"expected square images (N, H, H) to turn upright, got shape {shape}")
+        self.path, self.shape, self.dtype = path, shape, dtype
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def batches(self, size: int) -> Iterator[np.ndarray]:
+        """uint8 arrays of ``size`` images (the last one fewer), (B, H, W) or (B, H, W, C)."""
+        item = self.shape[1:]
+        item_bytes = _nbytes(item, self.dtype)
+        declared = item_bytes * self.shape[0]
+        upright = stored_transposed(self.path)
+        with _open_idx(self.path) as (f, _, _):
+            for start in range(0, self.shape[0], size):
+                n = min(size, self.shape[0] - start)
+                buf = np.empty(n * item_bytes, np.uint8)
+                _read_into(f, buf, self.path, self.shape, declared, start * item_bytes)
+                x = as_pixels(buf.view(self.dtype).reshape(n, *item), self.path, "image data")
+                yield np.ascontiguousarray(x.transpose(0, 2, 1)) if upright else x
+            _check_end(f, self.path, self.shape)
 
 
 def read_idx_pair(images: Path | ZipMember, labels: Path | ZipMember) -> tuple[np.ndarray, np.ndarray]:
