@@ -14,9 +14,12 @@ CSI = re.compile(r"\x1b\[([0-9;?]*)([A-Za-z])")
 
 
 def run_in_pty(args: list[str], cols: int = 80, rows: int = 30, env: dict | None = None,
-               cwd: str | os.PathLike | None = None, timeout: float = 300) -> tuple[int, str]:
+               cwd: str | os.PathLike | None = None, timeout: float = 300,
+               pause_s: float = 0.0) -> tuple[int, str]:
     """``python -m mnistflow ARGS`` with stdin, stdout and stderr on one pseudo-terminal of
-    ``cols`` x ``rows``; returns (exit code, every byte it wrote, decoded)."""
+    ``cols`` x ``rows``; returns (exit code, every byte it wrote, decoded). ``pause_s``: the
+    terminal stops reading that long after the first bytes, as a slow one does (a writer
+    blocks once its buffer is full), so a run that writes much lasts at least that long."""
     master, slave = os.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
     e = {**os.environ, **(env or {})}
@@ -34,6 +37,8 @@ def run_in_pty(args: list[str], cols: int = 80, rows: int = 30, env: dict | None
             break
         if not chunk:
             break
+        if not out and pause_s:
+            time.sleep(pause_s)
         out += chunk
         if time.monotonic() > deadline:
             proc.kill()

@@ -90,7 +90,9 @@ def test_a_long_predict_shows_a_bar_with_the_time_left_on_a_terminal(big):
     from helpers.terminal import run_in_pty, screen, segments
 
     tmp, model, _, _ = big
-    code, raw = run_in_pty(["predict", str(model), str(tmp / "many-idx3-ubyte"), "--format", "csv"])
+    # (the terminal pauses 2 s: a quiet machine classifies and writes the rows in less than the
+    # bar's 1 s delay, and a bar shows only for a run that lasts longer)
+    code, raw = run_in_pty(["predict", str(model), str(tmp / "many-idx3-ubyte"), "--format", "csv"], pause_s=2.0)
     assert code == 0, raw[-500:]
     bars = [s for s in segments(raw) if s.startswith("predict:")]
     assert bars and any("img/s" in s and "<" in s for s in bars), segments(raw)[:5]
