@@ -22,31 +22,22 @@ import urllib.request
 import numpy as np
 import pytest
 
-from helpers.serving import uvicorn_thread
+from helpers.serving import guarded_server, softmax_predictor
 
 pytest.importorskip("uvicorn")
 
-from mnistflow.artifacts.model_info import ModelInfo  # noqa: E402
-from mnistflow.artifacts.predictor import TorchBackend  # noqa: E402
-from mnistflow.models import create_model  # noqa: E402
-from mnistflow.server import connection, create_app  # noqa: E402
-from mnistflow.server.connection import server_config  # noqa: E402
-from mnistflow.server.guard import LOCAL_HOSTS, Limits  # noqa: E402
+from mnistflow.server import connection  # noqa: E402
 
-INFO = ModelInfo("softmax", [1, 28, 28], [str(i) for i in range(10)], [33.0], [78.0], dataset="synthetic")
+
 FAST = dict(header_timeout=2.0, body_timeout=2.0, work_timeout=5.0)
 
 
-def predictor():
-    return TorchBackend(create_model("softmax", (1, 28, 28), 10).eval(), INFO)
+predictor = softmax_predictor
 
 
-@contextlib.contextmanager
 def serving(pred=None, **limits):
-    lim = Limits(**{**FAST, **limits})
-    app = create_app(pred or predictor(), limits=lim, allowed_hosts=LOCAL_HOSTS)
-    with uvicorn_thread(server_config(app, lim, log_level="critical", timeout_graceful_shutdown=1)) as port:
-        yield port
+    """The real server with this file's short timeouts (``helpers.serving.guarded_server``)."""
+    return guarded_server(pred, log_level="critical", **{**FAST, **limits})
 
 
 def get(port: int, path: str = "/healthz", headers: dict | None = None) -> tuple[int, str, bytes]:

@@ -23,32 +23,21 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from helpers.serving import uvicorn_thread
+from helpers.serving import guarded_server, softmax_predictor
 
 pytest.importorskip("uvicorn")
 
-from mnistflow.artifacts.model_info import ModelInfo  # noqa: E402
-from mnistflow.artifacts.predictor import TorchBackend  # noqa: E402
-from mnistflow.models import create_model  # noqa: E402
-from mnistflow.server import create_app  # noqa: E402
-from mnistflow.server.connection import server_config  # noqa: E402
-from mnistflow.server.guard import LOCAL_HOSTS, Limits  # noqa: E402
+from mnistflow.server.guard import LOCAL_HOSTS  # noqa: E402
 
-INFO = ModelInfo("softmax", [1, 28, 28], [str(i) for i in range(10)], [33.0], [78.0], dataset="synthetic")
 FAST = dict(header_timeout=0.5, body_timeout=0.5, work_timeout=5.0)
 
 
-def predictor():
-    return TorchBackend(create_model("softmax", (1, 28, 28), 10).eval(), INFO)
+predictor = softmax_predictor
 
 
-@contextlib.contextmanager
 def serving(pred=None, *, hosts=LOCAL_HOSTS, **limits):
-    """The real server (guarded protocol, connection cap) on a free 127.0.0.1 port; yields it."""
-    lim = Limits(**{**FAST, **limits})
-    app = create_app(pred or predictor(), limits=lim, allowed_hosts=hosts)
-    with uvicorn_thread(server_config(app, lim, log_level="warning", timeout_graceful_shutdown=1)) as port:
-        yield port
+    """The real server with this file's short timeouts (``helpers.serving.guarded_server``)."""
+    return guarded_server(pred, hosts=hosts, **{**FAST, **limits})
 
 
 def post(port: int, body: bytes, headers: dict, path: str = "/api/predict") -> tuple[int, dict]:
