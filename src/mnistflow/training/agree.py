@@ -53,6 +53,11 @@ def differences(seen: list[dict]) -> list[str]:
     return out
 
 
+class RanksDisagree(MnistflowError):
+    """Every rank raises it at once, so each may wait for the others before leaving the
+    process group (the loop does: a group left to the interpreter's exit can abort in C++)."""
+
+
 def check_ranks_agree(cfg: TrainConfig, rec: Records, device: torch.device, info: dist.DistInfo) -> None:
     """Stop every rank, with the same one line, when the ranks were started with different
     settings or data (one gather of a small dict per rank; nothing in a single process)."""
@@ -61,7 +66,7 @@ def check_ranks_agree(cfg: TrainConfig, rec: Records, device: torch.device, info
     diffs = differences(dist.gather_objects(identity(cfg, rec, device)))
     if diffs:
         more = f"; and {len(diffs) - SHOWN} more" if len(diffs) > SHOWN else ""
-        raise MnistflowError("the processes were started with different settings (every machine must run "
+        raise RanksDisagree("the processes were started with different settings (every machine must run "
                              f"the same command, on the same data): {'; '.join(diffs[:SHOWN])}{more}")
 
 

@@ -45,6 +45,7 @@ from mnistflow.runtime import dist
 from mnistflow.runtime.cpu import set_interop_threads
 from mnistflow.runtime.device import pick_device
 from mnistflow.training import config as configmod
+from mnistflow.training.agree import RanksDisagree
 from mnistflow.training.callbacks import check_callbacks
 from mnistflow.training.checkpointing import TrainingInterrupted
 from mnistflow.training.config import TrainConfig
@@ -90,6 +91,10 @@ def fit(cfg: TrainConfig, *, model: torch.nn.Module | None = None, callbacks: Se
     except TrainingInterrupted:
         if owned:
             dist.cleanup()
+        raise
+    except RanksDisagree:
+        if owned:
+            dist.cleanup()  # (every rank is here: the barrier cannot wait for one still training)
         raise
     except Exception as e:
         if info.enabled and not isinstance(e, MnistflowError) and dist.is_comm_failure(e):
