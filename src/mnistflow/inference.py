@@ -44,7 +44,7 @@ from mnistflow.artifacts.predictor import (BATCH, Predictor, as_predictor, defau
                                            takes_channels_last)
 from mnistflow.artifacts.rundir import SUMMARY
 from mnistflow.artifacts.runlog import describe_views, read_summary
-from mnistflow.core import choices
+from mnistflow.core import choices, openmp
 from mnistflow.core.choices import TTA_VIEWS
 from mnistflow.core.errors import MnistflowError
 from mnistflow.core.log import warn
@@ -52,7 +52,6 @@ from mnistflow.core.progress import above_bars, progress
 from mnistflow.data import memory, picture
 from mnistflow.data.augment import mirror_safe
 from mnistflow.data.image_stream import ImageStream, pictures_in
-from mnistflow.core import openmp
 from mnistflow.runtime.cpu import BusyCores, env_threads, set_threads, threads_for_load, usable_cores
 from mnistflow.runtime.device import Amp, pick_device, pick_precision
 
