@@ -12,8 +12,8 @@ each member's layers, named ``members.<i>.<layer>``) all work the same. A layer'
 module's path in the model (what ``kernel`` takes), ``#<n>`` added for the n-th call of a
 module called more than once; ``kind`` is the module's class name. Functional steps between
 modules (``torch.relu``, ``flatten``, space-to-depth) have no module and are not shown. The
-list ends with the output probabilities, computed exactly as the predictor computes them
-(``artifacts.predictor.torch_probabilities``), so they equal ``predict``'s.
+list ends with the output probabilities: given a predictor, its own ``predict``'s answer, so
+they equal ``predict``'s bit for bit (it may run the layers in another layout).
 
 The size is bounded: all layers together hold at most ``core.limits.MAX_LAYER_VALUES`` values
 (the probabilities always come whole). A model over it loses channels of its widest layers:
@@ -95,8 +95,8 @@ def layers(model: nn.Module, info: ModelInfo, image: np.ndarray,
            max_values: int = MAX_LAYER_VALUES) -> list[Layer]:
     """Every layer's output for one uint8 ``image`` (H, W, C) at the model's input size, in
     execution order, then ``probabilities`` (kind ``softmax``, the model's class order); bounded
-    by ``max_values`` as the module docstring says. ``model``: an ``nn.Module`` (or a
-    ``TorchBackend``) in eval mode."""
+    by ``max_values`` as the module docstring says. ``model``: a ``TorchBackend``, or an
+    ``nn.Module`` in eval mode."""
     net = inference_model(torch_model(model))  # as the predictor runs it
     c, h, w = info.in_shape
     if not isinstance(image, np.ndarray) or image.dtype != np.uint8 or image.shape != (h, w, c):
@@ -111,6 +111,8 @@ def layers(model: nn.Module, info: ModelInfo, image: np.ndarray,
     finally:
         for h in handles:
             h.remove()
+    if hasattr(model, "predict"):  # a predictor: its own answer (it may run the layers another way)
+        probs = model.predict(image[None])[0]
     out = Layer("probabilities", "softmax", tuple(probs.shape), probs.astype(np.float32))
     return bound(found, max(max_values - probs.size, 0)) + [out]
 

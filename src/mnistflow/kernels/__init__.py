@@ -311,6 +311,13 @@ def bf16_reason() -> str:
     return f"PyTorch's (the AVX-512-BF16 kernels: {_state.vector.reason})"
 
 
+def backward_from(y: torch.Tensor, g: torch.Tensor) -> None:
+    """``y.backward(g)``, the same gradients bit for bit (the product's backward multiplies ``g``
+    by ones), from a scalar: autograd imports PyTorch's symbolic-shape machinery (~1 s) for an
+    explicit gradient, which every ``predict`` would pay in the self-checks for nothing."""
+    (y * g).sum().backward()
+
+
 def check_rc(rc: int, kernel: str, other: str = "failed") -> None:
     """A kernel's return code as README.md's ABI defines it: 0 done; 1 out of memory
     (``MemoryError``); -1 a path this build lacks (``NotImplementedError``, which

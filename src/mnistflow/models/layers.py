@@ -160,11 +160,44 @@ def fc(in_features: int, out_features: int, act: str | None = None, dropout: flo
     return nn.Sequential(*layers)
 
 
-@torch.no_grad()
 def out_shape(module: nn.Module, in_shape: tuple[int, ...]) -> tuple[int, ...]:
-    """Output shape (without batch) of ``module`` for one input of ``in_shape``."""
-    was = module.training
-    module.eval()
-    y = module(torch.zeros(1, *in_shape))
-    module.train(was)
-    return tuple(y.shape[1:])
+    """Output shape (without batch) of a layer ``_build`` makes, for one input of ``in_shape``,
+    by PyTorch's size rules, without running it: a model planned on the ``meta`` device would
+    otherwise import PyTorch's compiler stack (~2 s) for its meta kernels. Raises RuntimeError,
+    as running the layer would, when the input is too small for it."""
+    if isinstance(module, nn.Conv2d):
+        (k, _), (s, _), (p, _) = module.kernel_size, module.stride, module.padding
+        if getattr(module, "tf_same", False):
+            sizes = [math.ceil(n / s) for n in in_shape[1:]]
+        else:
+            sizes = [_window_count(n + 2 * p, k, s, ceil=False) for n in in_shape[1:]]
+        return (module.out_channels, *sizes)
+    if isinstance(module, (nn.MaxPool2d, nn.AvgPool2d)):
+        k, s = _int(module.kernel_size), _int(module.stride)
+        return (in_shape[0], *(_window_count(n, k, s, ceil=module.ceil_mode) for n in in_shape[1:]))
+    if isinstance(module, nn.AdaptiveAvgPool2d):
+        return (in_shape[0], 1, 1)
+    if isinstance(module, nn.Flatten):
+        return (math.prod(in_shape),)
+    if isinstance(module, nn.Linear):
+        if in_shape != (module.in_features,):
+            raise RuntimeError(f"a linear layer of {module.in_features} inputs cannot take {in_shape}")
+        return (module.out_features,)
+    if isinstance(module, (Dropout, nn.BatchNorm1d, nn.BatchNorm2d, *ACTIVATIONS.values())):
+        return tuple(in_shape)
+    raise TypeError(f"no size rule for {type(module).__name__}")
+
+
+def _int(v: int | tuple[int, ...]) -> int:
+    return v if isinstance(v, int) else v[0]
+
+
+def _window_count(n: int, k: int, s: int, *, ceil: bool) -> int:
+    """Windows of ``k`` at stride ``s`` over ``n`` values (PyTorch's rule: with ``ceil``, a last
+    partial window counts if it starts inside the input)."""
+    count = (n - k + (s - 1 if ceil else 0)) // s + 1
+    if ceil and (count - 1) * s >= n:
+        count -= 1
+    if count < 1:
+        raise RuntimeError(f"Output size is too small: a window of {k} over {n} values")
+    return count
