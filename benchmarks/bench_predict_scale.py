@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import machine, table  # noqa: E402
+from common import machine, matmul_peak, table  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 HEADING = "## Predicting at scale (`benchmarks/bench_predict_scale.py`)"
@@ -185,20 +185,6 @@ def predict_table(a, trees: dict[str, Path], tmp: Path, models: dict[str, Path],
 # machine's bf16 matmul peak (~370 GFLOP/s, a 2048^3 product): the same fraction is the goal on
 # another CPU, of its own peak in the precision predict runs.
 ZEN4_GOAL = 10_000 * 27.77e6 / 370e9
-
-
-def matmul_peak(dtype, n: int = 2048, reps: int = 4) -> float:
-    """FLOP/s of the fastest of ``reps`` n^3 products in ``dtype`` (the CPU's practical peak)."""
-    import torch
-
-    x, y = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
-    x @ y
-    best = float("inf")
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        x @ y
-        best = min(best, time.perf_counter() - t0)
-    return 2 * n ** 3 / best
 
 
 def flops_per_image(model_path: Path) -> float:

@@ -1,8 +1,9 @@
-"""Helpers shared by the benchmarks: the machine line and a fixed-width table."""
+"""Helpers shared by the benchmarks: the machine line, a fixed-width table and the matmul peak."""
 from __future__ import annotations
 
 import os
 import platform
+import time
 
 
 def cpu_line() -> str:
@@ -55,3 +56,17 @@ def table(rows: list[dict], cols: list[str]) -> str:
         out.append("  ".join(v.rjust(w) if v[:1].isdigit() or v[:1] == "-" else v.ljust(w)
                              for v, w in zip(row, widths)))
     return "\n".join(out)
+
+
+def matmul_peak(dtype, n: int = 2048, reps: int = 4) -> float:
+    """FLOP/s of the fastest of ``reps`` n^3 products in ``dtype`` (the CPU's practical peak)."""
+    import torch
+
+    x, y = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
+    x @ y
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        x @ y
+        best = min(best, time.perf_counter() - t0)
+    return 2 * n ** 3 / best

@@ -22,12 +22,15 @@ Rows:
   A, B        as in time_to_accuracy.py (the PyTorch example; the tutorial CNN as the tutorial
               trains it), tested after every epoch until the highest level or --cap-s: the
               first epoch whose test pass is at or above each level (one seed each)
+  Fashion     Fashion-MNIST's target (94.5% on every seed), from the results file: its runs
+              take minutes each, so benchmarks/family.py measures them
 Accuracy is read on the test set only as the final figure of each run; the recipes themselves
 were chosen on validation data (BENCHMARKS.md says how).
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import sys
@@ -36,7 +39,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import machine, table  # noqa: E402
-from results import LEVELS, RESULTS, baseline_result, machine_kind, provenance, recipe_result, record  # noqa: E402
+from results import (FASHION_LEVEL, LEVELS, RESULTS, baseline_result, fashion_cell, machine_kind,  # noqa: E402
+                     provenance, recipe_result, record)
 from time_to_accuracy import baseline_a, baseline_b  # noqa: E402
 
 import torch  # noqa: E402
@@ -124,8 +128,8 @@ def main() -> None:
         print(f"B: best {100 * max(b['accs']):.2f}% in {b['epochs']} epochs; "
               f"A: best {100 * max(A['accs']):.2f}% in {A['epochs']} epochs (cap {a.cap_s:.0f} s)")
         baselines = {"A": baseline_result(prov, a.cap_s, A, LEVELS), "B": baseline_result(prov, a.cap_s, b, LEVELS)}
+    precision = next(iter(runs.values()))[0]["precision"]
     if not a.no_record:
-        precision = next(iter(runs.values()))[0]["precision"]
         record(machine_kind(a.device, precision), precision, "mnist",
                {name: recipe_result(prov, a.seeds, rs) for name, rs in runs.items()}, baselines, a.results)
     rows = []
@@ -141,6 +145,11 @@ def main() -> None:
     cols = ["test acc", "mnistflow recipe", *[n.split(" (")[0] + " s" for n in series], "x faster than A"]
     print(f"\nseeds {a.seeds}; baselines capped at {a.cap_s:.0f} s\n")
     print(table(rows, cols))
+    # Fashion-MNIST's runs take minutes each: benchmarks/family.py measures them into the same file
+    kind = machine_kind(a.device, precision)
+    fashion = json.loads(a.results.read_text())["machines"].get(kind, {}).get("datasets", {}).get("fashion-mnist", {})
+    print(f"\nFashion-MNIST {100 * FASHION_LEVEL:.1f}% on every seed ({kind}, from {a.results.name}, measured by "
+          f"benchmarks/family.py): {fashion_cell(fashion.get('recipes', {}))}")
     title = machine(a.device).split(",")[0] + (f", {a.threads} threads" if a.device == "cpu" else "") \
         + f"; seeds {a.seeds}"
     print(f"\nplot: {a.png}" if plot(series, a.png, title) else "\nplot: matplotlib is not installed")

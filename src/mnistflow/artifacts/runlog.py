@@ -28,9 +28,9 @@ from mnistflow.core.errors import MnistflowError, os_error
 from mnistflow.core.fsutil import atomic_write, open_regular, read_regular
 
 # summary.json fields shown as numbers (each may be null, or missing: then not shown)
-SUMMARY_NUMBERS = ("wall_s", "time_to_target_s", "epochs", "steps", "img_per_s", "train_s", "train_img_per_s",
-                   "data_wait_frac", "peak_rss_mb", "val_acc", "test_acc", "tta", "gpu_peak_allocated_mb",
-                   "gpu_peak_reserved_mb")
+SUMMARY_NUMBERS = ("wall_s", "time_to_target_s", "epochs", "steps", "img_per_s", "train_s", "eval_s",
+                   "train_img_per_s", "data_wait_frac", "peak_rss_mb", "val_acc", "test_acc", "tta",
+                   "gpu_peak_allocated_mb", "gpu_peak_reserved_mb")
 
 
 def describe_views(views: int, mirror: bool) -> str:

@@ -175,13 +175,13 @@ def build_from_spec(spec: str, in_shape: tuple[int, int, int], num_classes: int)
     if not on_meta() and upper_bound_bytes(spec, in_shape, num_classes) > PLAN_ABOVE:
         with torch.device("meta"):
             planned, peak = _build(spec, in_shape, num_classes)
-        # building runs one picture through each layer (out_shape): its input and output
+        # any use runs at least one picture through each layer: its input and output
         check_memory(planned, f"model spec '{spec}'", 2 * 4 * peak)
     return _build(spec, in_shape, num_classes)[0]
 
 
-# Specs whose upper bound is at most this are built directly: planning on ``meta`` costs ~2 s
-# of one-time imports (its first forward), which every run would pay for nothing.
+# Specs whose upper bound is at most this are built directly: they fit, and a plan would be a
+# second build for nothing.
 PLAN_ABOVE = 1 << 30
 
 

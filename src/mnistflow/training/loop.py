@@ -355,6 +355,7 @@ def _summary(run: Run, clock: Clock, wall: float, train_s: float, ranks_in_sync:
         "steps": state.step,
         "img_per_s": round(samples / wall, 1) if wall > 0 else None,
         "train_s": round(train_s, 3),
+        "eval_s": round(clock.eval_s, 3),
         "train_img_per_s": round(samples / train_s, 1) if train_s > 0 else None,
         "data_wait_frac": round(run.train_loader.stats.wait_s / wall, 4) if wall > 0 else None,
         "peak_rss_mb": round(_peak_rss_mb(), 1),
