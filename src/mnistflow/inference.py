@@ -10,7 +10,8 @@ eval reads the records' split through the streaming loader (on a CPU), predict r
 images through ``data.image_stream`` (IDX files in chunks, pictures a batch at a time) and
 ``write_predictions`` writes each batch as it is classified (``predict_batches`` is the same
 for the API; ``predict`` returns the whole list). A PyTorch model runs as training runs it
-(``artifacts.predictor.inference_model``: channels-last, mnistflow's kernels). A progress bar
+(``artifacts.predictor.inference_model``: channels-last, mnistflow's kernels); predict's
+predictor runs a plain CNN's convolutions in oneDNN's blocked layout (``blocked_model``). A progress bar
 shows on a terminal while a long run lasts.
 
 Both take anything ``artifacts.load.load_any`` reads: a run directory, model.safetensors, a
