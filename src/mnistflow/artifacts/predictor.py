@@ -138,7 +138,7 @@ class BlockedModel(nn.Sequential):
 @torch.inference_mode()
 def blocked_model(model: nn.Module, info: ModelInfo) -> BlockedModel | None:
     """``model``'s convolutions on oneDNN's blocked layout, so their outputs pass from layer to
-    layer without a reorder each (seed-cnn's fp32 forward on a CPU: ~1.2x channels-last's
+    layer without a reorder each (seed-cnn's fp32 forward on a CPU: ~1.25x channels-last's
     img/s); the layers after them run as they are. Only for a CPU ``nn.Sequential`` whose
     layers up to the last convolution all have blocked forms that compute the same function
     (not SAME padding made by hand, not a fused batch norm + ReLU), and only if it agrees with

@@ -96,7 +96,8 @@ class MemoryWatch:
 
     A leak (e.g. keeping each step's activations in a list) shows as memory in use growing
     step after step; after ``min_points`` samples a steady growth above ``leak_kb_per_step``
-    is reported once, with the growth per step.
+    (the floor of memory in use grows at that rate, and grows in each third of the samples:
+    not a warm-up that levels off) is reported once, with the growth per step.
     """
 
     def __init__(self, device: torch.device, leak_kb_per_step: float = 64.0, min_points: int = 6):
@@ -123,11 +124,13 @@ class MemoryWatch:
         if self.leak_message or len(pts) < self.min_points:
             return
         steps = torch.tensor([p[0] for p in pts], dtype=torch.float64)
-        mem = torch.tensor([p[1] for p in pts], dtype=torch.float64)
+        # the floor: the least in use from each sample on, so that another thread's passing
+        # allocation (the loader's, TensorBoard's) at one sample is not taken for a trend
+        mem = torch.tensor([p[1] for p in pts], dtype=torch.float64).flip(0).cummin(0).values.flip(0)
         ds, dm = steps - steps.mean(), mem - mem.mean()
         slope = float((ds * dm).sum() / (ds * ds).sum())  # MB per step, least squares
-        rises = int((mem[1:] > mem[:-1]).sum())
-        if slope * 1024 > self.leak_kb and rises >= len(pts) - 2:
+        steady = all(bool(part[-1] > part[0]) for part in torch.tensor_split(mem, 3))  # in each third
+        if slope * 1024 > self.leak_kb and steady:
             self.leak_message = (
                 f"memory grows every step: +{slope * 1024:,.0f} KB/step "
                 f"({mem[0]:,.0f} -> {mem[-1]:,.0f} MB in use over steps {int(steps[0])}-{int(steps[-1])}). "
