@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import machine, matmul_peak, table  # noqa: E402
+from common import forward_flops, machine, matmul_peak, table  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 HEADING = "## Predicting at scale (`benchmarks/bench_predict_scale.py`)"
@@ -188,15 +188,10 @@ ZEN4_GOAL = 10_000 * 27.77e6 / 370e9
 
 
 def flops_per_image(model_path: Path) -> float:
-    import torch
-    from torch.utils.flop_counter import FlopCounterMode
-
     from mnistflow.artifacts.load import load_any
 
     net, info = load_any(model_path)
-    with FlopCounterMode(display=False) as count, torch.inference_mode():
-        net.float()(torch.zeros(1, *info.in_shape))
-    return count.get_total_flops()
+    return forward_flops(net, tuple(info.in_shape))
 
 
 def forward_rate(model_path: Path, precision: str, images, reps: int = 2) -> tuple[float, int]:

@@ -1,4 +1,5 @@
-"""Helpers shared by the benchmarks: the machine line, a fixed-width table and the matmul peak."""
+"""Helpers shared by the benchmarks: the machine line, a fixed-width table, the matmul peak and a
+model's forward FLOPs."""
 from __future__ import annotations
 
 import os
@@ -70,3 +71,13 @@ def matmul_peak(dtype, n: int = 2048, reps: int = 4) -> float:
         x @ y
         best = min(best, time.perf_counter() - t0)
     return 2 * n ** 3 / best
+
+
+def forward_flops(net, in_shape: tuple[int, ...]) -> float:
+    """FLOPs of one image's forward pass through ``net`` (``torch.utils.flop_counter``)."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False) as count, torch.inference_mode():
+        net.float().eval()(torch.zeros(1, *in_shape))
+    return count.get_total_flops()

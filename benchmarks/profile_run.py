@@ -29,21 +29,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import machine, matmul_peak, table  # noqa: E402
+from common import forward_flops, machine, matmul_peak, table  # noqa: E402
 
 import torch  # noqa: E402
-
-
-def forward_flops(model: str, in_shape: tuple[int, int, int], classes: int) -> float:
-    """FLOPs of one image's forward pass through a fresh ``model``."""
-    from torch.utils.flop_counter import FlopCounterMode
-
-    from mnistflow.models import create_model
-
-    net = create_model(model, in_shape, classes).eval()
-    with FlopCounterMode(display=False) as count, torch.no_grad():
-        net(torch.zeros(1, *in_shape))
-    return count.get_total_flops()
 
 
 def profile(recipe: str, seed: int, common: dict, out: Path) -> dict:
@@ -69,6 +57,7 @@ def main() -> None:
     torch.set_num_threads(a.threads)
     import mnistflow
     from mnistflow.data.records import open_records
+    from mnistflow.models import create_model
     from mnistflow.training.recipes import RECIPES
 
     tmp = Path(tempfile.mkdtemp())
@@ -79,14 +68,15 @@ def main() -> None:
     dtype = torch.bfloat16 if runs[0]["precision"] == "bf16" else torch.float32
     peak = matmul_peak(dtype)
     model = RECIPES[a.recipe]["model"]
-    fwd = forward_flops(model, tuple(rec.in_shape), rec.num_classes)
+    fwd = forward_flops(create_model(model, tuple(rec.in_shape), rec.num_classes), tuple(rec.in_shape))
     test_n = rec.size("test")
     rows = []
     for r in runs:
         train_flops, eval_flops = 3 * fwd * r["samples"], fwd * test_n * (1 + r["tta"])
         rows.append({"seed": r["seed"], "test %": round(100 * r["test_acc"], 2),
                      "API call s": r["call_s"], "start-up s": r["start_s"], "steps s": r["steps_s"],
-                     "steps at peak s": train_flops / peak, "steps % of peak": round(100 * train_flops / peak / r["steps_s"]),
+                     "steps at peak s": train_flops / peak,
+                     "steps % of peak": round(100 * train_flops / peak / r["steps_s"]),
                      "eval s": r["eval_s"], "eval at peak s": eval_flops / peak,
                      "rest s": r["rest_s"], "data wait %": round(100 * (r["data_wait"] or 0), 1)})
     warm = rows[1:] or rows

@@ -11,8 +11,8 @@ images through ``data.image_stream`` (IDX files in chunks, pictures a batch at a
 ``write_predictions`` writes each batch as it is classified (``predict_batches`` is the same
 for the API; ``predict`` returns the whole list). A PyTorch model runs as training runs it
 (``artifacts.predictor.inference_model``: channels-last, mnistflow's kernels); predict's
-predictor runs a plain CNN's convolutions in oneDNN's blocked layout (``blocked_model``). A progress bar
-shows on a terminal while a long run lasts.
+predictor runs a plain CNN's convolutions in oneDNN's blocked layout (``blocked_model``). A
+progress bar shows on a terminal while a long run lasts.
 
 Both take anything ``artifacts.load.load_any`` reads: a run directory, model.safetensors, a
 checkpoint, an npz (with the model name), an ONNX file (run in onnxruntime on the CPU) or a

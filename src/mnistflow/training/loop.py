@@ -88,13 +88,9 @@ def fit(cfg: TrainConfig, *, model: torch.nn.Module | None = None, callbacks: Se
             run = start(cfg, device, info, held, resume=resume, model=model, callbacks=callbacks,
                         loss_fn=None if loss_fn is None else _checked_loss(loss_fn))
             summary = finish(run, run_epochs(run), warned)
-    except TrainingInterrupted:
+    except (TrainingInterrupted, RanksDisagree):  # every rank stops here: they can leave the group together
         if owned:
             dist.cleanup()
-        raise
-    except RanksDisagree:
-        if owned:
-            dist.cleanup()  # (every rank is here: the barrier cannot wait for one still training)
         raise
     except Exception as e:
         if info.enabled and not isinstance(e, MnistflowError) and dist.is_comm_failure(e):
